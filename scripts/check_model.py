@@ -1,0 +1,73 @@
+"""Loads an exported SavedModel (local or gs://), predicts the eval split through `serving_default`, and
+checks the accuracy.
+
+    python scripts/check_model.py --model_dir=gs://BUCKET/run/model --eval_data='gs://BUCKET/data/eval/*.tfrecord' \
+        --min_accuracy=0.88
+
+This is what a serving client sees: raw feature values by name in, `probabilities`/`class_id` out. Exits 1 when
+accuracy is below --min_accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+
+def predict_eval(model_dir: str, eval_pattern: str, *, batch_size: int = 1024) -> dict:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  with tf.io.gfile.GFile(f"{model_dir.rstrip('/')}/trainer_config.json") as f:
+    schema = json.load(f)["schema"]
+  serving = tf.saved_model.load(model_dir).signatures["serving_default"]
+  label = schema["label"]
+  kinds = {"float": tf.float32, "int": tf.int64, "string": tf.string, "image": tf.string}
+  spec = {f["name"]: tf.io.FixedLenFeature([], kinds[f["type"]]) for f in schema["features"]}
+  spec[label["name"]] = tf.io.FixedLenFeature([], kinds[label["type"]])
+  files = sorted(tf.io.gfile.glob(eval_pattern))
+  if not files:
+    raise SystemExit(f"error: --eval_data: no files match {eval_pattern!r}")
+  dataset = tf.data.TFRecordDataset(files).batch(batch_size).map(lambda s: tf.io.parse_example(s, spec))
+  hits = count = 0
+  first = None
+  for batch in dataset:
+    inputs = {}
+    for feature in schema["features"]:
+      value = batch[feature["name"]]
+      if feature["type"] == "image":
+        value = tf.cast(tf.reshape(tf.io.decode_raw(value, tf.uint8), [-1] + feature["shape"]), tf.float32)
+      elif feature["type"] in ("float", "int"):
+        value = tf.cast(value, tf.float32)
+      inputs[feature["name"]] = value
+    outputs = serving(**inputs)
+    predicted = outputs["class_id"].numpy()
+    truth = batch[label["name"]].numpy()
+    hits += int(np.sum(predicted == truth))
+    count += len(truth)
+    if first is None:
+      first = {"probabilities": outputs["probabilities"].numpy()[:3].round(3).tolist(),
+               "class_id": predicted[:3].tolist(), "label": truth[:3].tolist()}
+  return {"model_dir": model_dir, "examples": count, "accuracy": hits / max(count, 1), "first_predictions": first}
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--model_dir", required=True)
+  parser.add_argument("--eval_data", required=True)
+  parser.add_argument("--min_accuracy", type=float, default=0.0)
+  args = parser.parse_args()
+  result = predict_eval(args.model_dir, args.eval_data)
+  print(json.dumps(result))
+  if result["accuracy"] < args.min_accuracy:
+    print(f"error: accuracy {result['accuracy']:.4f} of {args.model_dir} is below --min_accuracy="
+          f"{args.min_accuracy}", file=sys.stderr)
+    sys.exit(1)
+  print(f"OK: accuracy {result['accuracy']:.4f} >= {args.min_accuracy} on {result['examples']} eval examples "
+        f"(model served from {args.model_dir})")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,35 @@
+"""Shared fixtures: small demo datasets made once per session."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+for _name, _value in {"GCE_METADATA_HOST": "127.0.0.1:9", "GCE_METADATA_IP": "127.0.0.1:9",
+                      "NO_GCE_CHECK": "true", "TF_CPP_MIN_LOG_LEVEL": "2"}.items():
+  os.environ.setdefault(_name, _value)
+
+
+@pytest.fixture(scope="session")
+def churn_data(tmp_path_factory) -> str:
+  """Small churn dataset: train/ (4 shards) and eval/ (1 shard), TFRecord and CSV."""
+  from scripts import demo_data  # pylint: disable=g-import-not-at-top
+
+  directory = str(tmp_path_factory.mktemp("churn"))
+  demo_data.make(directory, num_train=4000, num_eval=1000, num_shards=4)
+  return directory
+
+
+@pytest.fixture(scope="session")
+def shapes_data(tmp_path_factory) -> str:
+  from scripts import demo_data  # pylint: disable=g-import-not-at-top
+
+  directory = str(tmp_path_factory.mktemp("shapes"))
+  demo_data.make(directory, dataset="shapes", num_train=1024, num_eval=256, num_shards=4)
+  return directory

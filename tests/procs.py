@@ -1,0 +1,116 @@
+"""Test helpers: free ports, trainer subprocesses with bounded lifetimes, and clusters of them."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Iterator, Mapping, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Every test process stays on loopback: no metadata server, no real Google host.
+SAFE_ENV = {
+    "GCE_METADATA_HOST": "127.0.0.1:9",
+    "GCE_METADATA_IP": "127.0.0.1:9",
+    "NO_GCE_CHECK": "true",
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def free_ports(count: int) -> list[int]:
+  """Ports the OS says are free now (held open together so they differ)."""
+  sockets = []
+  try:
+    for _ in range(count):
+      s = socket.socket()
+      s.bind(("127.0.0.1", 0))
+      sockets.append(s)
+    return [s.getsockname()[1] for s in sockets]
+  finally:
+    for s in sockets:
+      s.close()
+
+
+def trainer_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+  env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "CLUSTER_SPEC") and not k.startswith("AIP_")}
+  env.update(SAFE_ENV)
+  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+  env.update(extra or {})
+  return env
+
+
+def trainer_cmd(args: Sequence[str]) -> list[str]:
+  return [sys.executable, "-m", "trainer.task", *args]
+
+
+def run_trainer(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 240,
+                cwd: str | None = None) -> subprocess.CompletedProcess:
+  """Runs one trainer process to completion (killed after `timeout` seconds)."""
+  return subprocess.run(trainer_cmd(args), env=trainer_env(env), cwd=cwd or REPO, capture_output=True,
+                        text=True, timeout=timeout, check=False)
+
+
+class Cluster:
+  """Trainer processes started together; every one is killed when the context exits."""
+
+  def __init__(self, log_dir: str):
+    self.log_dir = log_dir
+    self.procs: dict[str, subprocess.Popen] = {}
+
+  def start(self, name: str, args: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen:
+    log = open(os.path.join(self.log_dir, f"{name}.log"), "w")  # pylint: disable=consider-using-with
+    proc = subprocess.Popen(trainer_cmd(args), env=trainer_env(env), cwd=REPO, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+    self.procs[name] = proc
+    return proc
+
+  def wait(self, names: Sequence[str], timeout: float) -> dict[str, int]:
+    deadline = time.monotonic() + timeout
+    codes = {}
+    for name in names:
+      remaining = max(0.1, deadline - time.monotonic())
+      try:
+        codes[name] = self.procs[name].wait(timeout=remaining)
+      except subprocess.TimeoutExpired:
+        raise AssertionError(f"{name} still running after {timeout}s; log:\n{self.log(name)[-3000:]}") from None
+    return codes
+
+  def log(self, name: str) -> str:
+    with open(os.path.join(self.log_dir, f"{name}.log")) as f:
+      return f.read()
+
+  def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+    proc = self.procs[name]
+    if proc.poll() is None:
+      with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+      proc.wait(timeout=30)
+
+  def close(self) -> None:
+    for name in list(self.procs):
+      self.kill(name)
+
+
+@contextlib.contextmanager
+def cluster(log_dir: str) -> Iterator[Cluster]:
+  c = Cluster(log_dir)
+  try:
+    yield c
+  finally:
+    c.close()
+
+
+def tf_config(cluster_dict: Mapping[str, list[str]], task_type: str, index: int) -> str:
+  return json.dumps({"cluster": cluster_dict, "task": {"type": task_type, "index": index}})
+
+
+def addresses(count: int) -> list[str]:
+  return [f"127.0.0.1:{p}" for p in free_ports(count)]

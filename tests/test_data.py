@@ -1,0 +1,176 @@
+"""Input pipelines: sharding per input pipeline, TFRecord/CSV parity, and bad data caught up front."""
+
+import glob
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from trainer import data
+from trainer import schema as schema_lib
+from trainer.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def churn(churn_data):
+  schema = schema_lib.load_schema(os.path.join(churn_data, "train", "schema.json"))
+  files = sorted(glob.glob(os.path.join(churn_data, "train", "*.tfrecord")))
+  return schema, files
+
+
+def _ids(dataset, take):
+  """A fingerprint per example (every column) to compare what pipelines read."""
+  seen = set()
+  for features, labels in dataset.take(take):
+    columns = [features[name].numpy().tolist() for name in sorted(features)] + [labels.numpy().tolist()]
+    seen.update(zip(*columns))
+  return seen
+
+
+def test_files_are_sharded_per_input_pipeline(churn):
+  schema, files = churn
+  assert len(files) == 4
+  parts = []
+  for pipeline in range(2):
+    context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pipeline, num_replicas_in_sync=2)
+    fn = data.make_dataset_fn(files, schema, data_format="tfrecord", global_batch_size=64, training=False,
+                              repeat=False)
+    ds = fn(context)
+    first = next(iter(ds))
+    assert first[1].shape == (32,)  # per-replica batch
+    parts.append(_ids(ds, 1000))
+  assert parts[0] and parts[1]
+  assert not parts[0] & parts[1], len(parts[0] & parts[1])  # disjoint
+  everything = _ids(data.make_dataset_fn(files, schema, data_format="tfrecord", global_batch_size=1,
+                                         training=False, repeat=False)(None), 10_000)
+  assert len(everything) >= 3990  # 4000 examples (a few duplicate pairs possible)
+  assert len(parts[0] | parts[1]) >= len(everything) - 64  # drop_remainder loses < 1 batch per pipeline
+
+
+def test_records_are_sharded_when_files_are_fewer_than_pipelines(churn):
+  schema, files = churn
+  one_file = files[:1]
+  parts = []
+  for pipeline in range(2):
+    context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pipeline, num_replicas_in_sync=2)
+    ds = data.make_dataset_fn(one_file, schema, data_format="tfrecord", global_batch_size=20, training=False,
+                              repeat=False)(context)
+    parts.append(_ids(ds, 1000))
+  assert parts[0] and parts[1] and not parts[0] & parts[1]
+
+
+def test_csv_and_tfrecord_give_the_same_examples(churn_data, churn):
+  schema, files = churn
+  csv_files = sorted(glob.glob(os.path.join(churn_data, "train", "*.csv")))
+  header = data.read_csv_header(csv_files[0], flag="--train_data")
+  from_csv = data.make_dataset_fn(csv_files, schema, data_format="csv", global_batch_size=50, training=False,
+                                  repeat=False, csv_header=header)(None)
+  from_tfrecord = data.make_dataset_fn(files, schema, data_format="tfrecord", global_batch_size=50,
+                                       training=False, repeat=False)(None)
+  a_features, a_labels = next(iter(from_csv))
+  b_features, b_labels = next(iter(from_tfrecord))
+  np.testing.assert_array_equal(a_labels.numpy(), b_labels.numpy())
+  for name in ("tenure_months", "plan", "region", "support_calls"):
+    np.testing.assert_allclose(a_features[name].numpy(), b_features[name].numpy(), rtol=1e-6)
+  # Vocabulary ids: 0 is out-of-vocabulary, the vocabulary starts at 1.
+  assert set(np.unique(b_features["plan"].numpy())) <= {1, 2, 3}
+
+
+def test_training_pipeline_shuffles_and_repeats(churn):
+  schema, files = churn
+  ds = data.make_dataset_fn(files, schema, data_format="tfrecord", global_batch_size=1000, training=True,
+                            seed=1)(None)
+  batches = [labels.numpy() for _, labels in ds.take(6)]  # 6000 > 4000 examples: it repeats
+  assert len(batches) == 6
+
+
+def test_unknown_vocabulary_value_maps_to_zero(churn):
+  schema, _ = churn
+  encoder = data.FeatureEncoder(schema)
+  encoded = encoder.encode({"tenure_months": tf.constant([1.0]), "monthly_charges": tf.constant([2.0]),
+                            "support_calls": tf.constant([1], tf.int64), "plan": tf.constant(["platinum"]),
+                            "region": tf.constant(["east"])})
+  assert encoded["plan"].numpy().tolist() == [0]
+  assert encoded["region"].numpy().tolist() == [3]
+
+
+def test_empty_pattern_names_the_flag(tmp_path):
+  with pytest.raises(UserError, match=r"^--train_data: no files match '.*/nothing-\*'; expected a file pattern"):
+    data.list_files(str(tmp_path / "nothing-*"), flag="--train_data")
+
+
+def _write_example(path, **features):
+  with tf.io.TFRecordWriter(path) as writer:
+    feature = {}
+    for name, value in features.items():
+      if isinstance(value, float):
+        feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[value]))
+      elif isinstance(value, int):
+        feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+      else:
+        feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode()]))
+    writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+
+
+def test_record_that_does_not_match_schema(churn, tmp_path):
+  schema, _ = churn
+  good = dict(tenure_months=1.0, monthly_charges=2.0, support_calls=1, plan="pro", region="east", churned=1)
+  path = str(tmp_path / "missing.tfrecord")
+  _write_example(path, **{k: v for k, v in good.items() if k != "plan"})
+  with pytest.raises(UserError, match=r"^--train_data: the first record of .*missing.tfrecord has no feature 'plan' "
+                                      r"\(it has: .*\); it does not match the schema$"):
+    data.check_first_record(path, schema, "tfrecord", flag="--train_data")
+  path = str(tmp_path / "wrongtype.tfrecord")
+  _write_example(path, **{**good, "tenure_months": "long"})
+  with pytest.raises(UserError, match=r"^--train_data: feature 'tenure_months' in .*wrongtype.tfrecord is a "
+                                      r"bytes_list, but the schema says float \(float_list\)$"):
+    data.check_first_record(path, schema, "tfrecord", flag="--train_data")
+  path = str(tmp_path / "text.tfrecord")
+  with open(path, "w") as f:
+    f.write("this is not a tfrecord file at all")
+  with pytest.raises(UserError, match=r"^--train_data: cannot read .*text.tfrecord as TFRecord"):
+    data.check_first_record(path, schema, "tfrecord", flag="--train_data")
+
+
+def test_csv_that_does_not_match_schema(churn, tmp_path):
+  schema, _ = churn
+  path = tmp_path / "bad.csv"
+  path.write_text("tenure_months,monthly_charges,support_calls,plan,churned\n1,2,3,pro,0\n")
+  with pytest.raises(UserError, match=r"^--eval_data: CSV header of .*bad.csv lacks column\(s\) region named in "
+                                      r"the schema"):
+    data.check_first_record(str(path), schema, "csv", flag="--eval_data")
+  path.write_text("tenure_months,monthly_charges,support_calls,plan,region,churned\nlong,2,3,pro,east,0\n")
+  with pytest.raises(UserError, match=r"^--eval_data: column 'tenure_months' of .*bad.csv holds 'long', but the "
+                                      r"schema says float$"):
+    data.check_first_record(str(path), schema, "csv", flag="--eval_data")
+
+
+@pytest.mark.parametrize("value,message", [
+    ({"features": []}, r"expected an object with 'features' and 'label'"),
+    ({"features": [{"name": "a", "type": "blob"}], "label": {"name": "y", "type": "float"}},
+     r"feature 'a' has type 'blob'; expected one of float, int, string, image$"),
+    ({"features": [{"name": "a", "type": "string"}], "label": {"name": "y", "type": "float"}},
+     r"string feature 'a' needs a non-empty 'vocabulary' of strings$"),
+    ({"features": [{"name": "a", "type": "float"}], "label": {"name": "y", "type": "int"}},
+     r"int label 'y' needs 'num_classes' \(classification\); use type 'float' for regression$"),
+    ({"features": [{"name": "a", "type": "image", "shape": [2, 2]}], "label": {"name": "y", "type": "float"}},
+     r"image feature 'a' needs 'shape': \[height, width, channels\], got \[2, 2\]$"),
+])
+def test_bad_schema(value, message):
+  with pytest.raises(UserError, match=r"^schema s.json: " + message):
+    schema_lib.parse_schema(value, source="s.json")
+
+
+def test_schema_file_errors(tmp_path):
+  with pytest.raises(UserError, match=r"^--schema: file .*nope.json not found"):
+    schema_lib.load_schema(str(tmp_path / "nope.json"))
+  bad = tmp_path / "bad.json"
+  bad.write_text("{")
+  with pytest.raises(UserError, match=r"^schema .*bad.json is not valid JSON"):
+    schema_lib.load_schema(str(bad))
+  good = tmp_path / "good.json"
+  good.write_text(json.dumps({"features": [{"name": "x", "type": "float"}],
+                              "label": {"name": "y", "type": "float"}}))
+  assert schema_lib.load_schema(str(good)).task == "regression"

@@ -1,0 +1,82 @@
+"""Real multi-process clusters on 127.0.0.1: MultiWorkerMirroredStrategy, ParameterServerStrategy and the
+side-car evaluator. Every process is bounded in time and killed at the end of its test."""
+
+import json
+import os
+import re
+
+import procs
+
+TIMEOUT = 300
+
+
+def args_for(churn_data, out, *extra):
+  return [f"--train_data={churn_data}/train/*.tfrecord", f"--eval_data={churn_data}/eval/*.tfrecord",
+          f"--output_dir={out}", "--global_batch_size=64", "--log_every_steps=50", *extra]
+
+
+def digest(log):
+  found = re.findall(r'"weights_sha256": "([0-9a-f]{64})"', log)
+  assert found, log[-3000:]
+  return found[-1]
+
+
+def saved_models(root):
+  return sorted(dirpath for dirpath, _, files in os.walk(root) if "saved_model.pb" in files)
+
+
+def test_multi_worker_mirrored_chief_and_worker(churn_data, tmp_path):
+  out = tmp_path / "out"
+  chief, worker = procs.addresses(2)
+  cluster = {"chief": [chief], "worker": [worker]}
+  args = args_for(churn_data, out, "--train_steps=100", "--checkpoint_every_steps=50")
+  with procs.cluster(str(tmp_path)) as c:
+    c.start("chief", args, {"TF_CONFIG": procs.tf_config(cluster, "chief", 0)})
+    c.start("worker", args, {"TF_CONFIG": procs.tf_config(cluster, "worker", 0)})
+    codes = c.wait(["chief", "worker"], TIMEOUT)
+    assert codes == {"chief": 0, "worker": 0}, c.log("chief")[-2000:] + c.log("worker")[-2000:]
+    chief_log, worker_log = c.log("chief"), c.log("worker")
+  assert "Strategy: MultiWorkerMirroredStrategy" in chief_log
+  assert digest(chief_log) == digest(worker_log)  # weights identical on both workers
+  assert saved_models(tmp_path) == [str(out / "model")]  # only the chief's export exists
+  with open(out / "model" / "eval_metrics.json") as f:
+    metrics = json.load(f)
+  assert metrics["num_replicas"] == 2 and metrics["final_step"] == 100
+  assert sorted(os.listdir(out / "checkpoints")) == ["checkpoint", "ckpt-100.data-00000-of-00001",
+                                                     "ckpt-100.index", "ckpt-50.data-00000-of-00001",
+                                                     "ckpt-50.index"]
+
+
+def test_parameter_server_strategy(churn_data, tmp_path):
+  out = tmp_path / "out"
+  chief, worker, ps = procs.addresses(3)
+  cluster = {"chief": [chief], "worker": [worker], "ps": [ps]}
+  args = args_for(churn_data, out, "--train_steps=100", "--steps_per_loop=25")
+  with procs.cluster(str(tmp_path)) as c:
+    c.start("ps", args, {"TF_CONFIG": procs.tf_config(cluster, "ps", 0)})
+    c.start("worker", args, {"TF_CONFIG": procs.tf_config(cluster, "worker", 0)})
+    c.start("chief", args, {"TF_CONFIG": procs.tf_config(cluster, "chief", 0)})
+    codes = c.wait(["chief"], TIMEOUT)
+    assert codes == {"chief": 0}, c.log("chief")[-3000:]
+    assert c.procs["ps"].poll() is None and c.procs["worker"].poll() is None  # servers run until stopped
+    assert "Serving ps:0" in c.log("ps")
+  with open(out / "model" / "eval_metrics.json") as f:
+    metrics = json.load(f)
+  assert metrics["strategy"] == "ParameterServerStrategy" and metrics["final_step"] == 100
+  assert metrics["eval_accuracy"] > 0.8
+
+
+def test_sidecar_evaluator_follows_the_chief(churn_data, tmp_path):
+  out = tmp_path / "out"
+  (chief,) = procs.addresses(1)
+  cluster = {"chief": [chief]}
+  args = args_for(churn_data, out, "--train_steps=300", "--checkpoint_every_steps=100", "--eval_steps=4")
+  with procs.cluster(str(tmp_path)) as c:
+    c.start("evaluator", args, {"TF_CONFIG": procs.tf_config(cluster, "evaluator", 0)})
+    c.start("chief", args, {"TF_CONFIG": procs.tf_config(cluster, "chief", 0)})
+    codes = c.wait(["chief", "evaluator"], TIMEOUT)
+    assert codes == {"chief": 0, "evaluator": 0}, c.log("evaluator")[-3000:]
+    log = c.log("evaluator")
+  assert "Strategy: default (evaluator task" in log
+  assert "Evaluator: step 300 " in log
+  assert saved_models(tmp_path) == [str(out / "model")]

@@ -1,0 +1,202 @@
+"""End-to-end trainer runs on CPU, one process each: train -> export -> reload -> predict, both loops,
+MirroredStrategy over logical CPU devices, resume after a kill, plug-in models, and bad input."""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+import procs
+
+
+def data_args(directory, fmt="tfrecord"):
+  return [f"--train_data={directory}/train/*.{fmt}", f"--eval_data={directory}/eval/*.{fmt}",
+          f"--data_format={fmt}"]
+
+
+def final_metrics(model_dir):
+  with open(os.path.join(model_dir, "eval_metrics.json")) as f:
+    return json.load(f)
+
+
+def test_train_export_reload_predict(churn_data, tmp_path):
+  out = tmp_path / "out"
+  result = procs.run_trainer(data_args(churn_data) + [f"--output_dir={out}", "--train_steps=300",
+                                                      "--global_batch_size=128"])
+  assert result.returncode == 0, result.stderr[-3000:]
+  metrics = final_metrics(out / "model")
+  assert metrics["final_step"] == 300 and metrics["strategy"] == "default"
+  assert metrics["eval_accuracy"] > 0.85
+  config = json.load(open(out / "model" / "trainer_config.json"))
+  assert config["config"]["train"]["train_steps"] == 300 and config["plan"]["strategy"] == "default"
+  assert glob.glob(str(out / "logs" / "train" / "events.out.tfevents.*"))
+  assert os.path.exists(out / "checkpoints" / "checkpoint")
+  assert "step 300/300 (100%)" in result.stderr  # periodic progress lines when not on a terminal
+
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  serving = tf.saved_model.load(str(out / "model")).signatures["serving_default"]
+  assert sorted(serving.structured_input_signature[1]) == ["monthly_charges", "plan", "region", "support_calls",
+                                                           "tenure_months"]
+  # A loyal customer on the pro plan vs a new one on basic with many support calls.
+  outputs = serving(tenure_months=tf.constant([60.0, 1.0]), monthly_charges=tf.constant([50.0, 120.0]),
+                    support_calls=tf.constant([0.0, 6.0]), plan=tf.constant(["pro", "basic"]),
+                    region=tf.constant(["east", "south"]))
+  assert outputs["class_id"].numpy().tolist() == [0, 1]
+  np.testing.assert_allclose(outputs["probabilities"].numpy().sum(axis=1), [1.0, 1.0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("loop,fmt", [("custom", "csv"), ("fit", "tfrecord")])
+def test_mirrored_on_two_logical_cpus(churn_data, tmp_path, loop, fmt):
+  out = tmp_path / "out"
+  result = procs.run_trainer(data_args(churn_data, fmt) + [
+      f"--output_dir={out}", "--num_cpu_devices=2", f"--loop={loop}", "--train_steps=200",
+      "--checkpoint_every_steps=100", "--global_batch_size=128"])
+  assert result.returncode == 0, result.stderr[-3000:]
+  metrics = final_metrics(out / "model")
+  assert metrics["strategy"] == "MirroredStrategy" and metrics["num_replicas"] == 2
+  assert metrics["final_step"] == 200
+  assert metrics["eval_accuracy"] > 0.85
+
+
+def test_cnn_eagerly_still_distributed(shapes_data, tmp_path):
+  out = tmp_path / "out"
+  result = procs.run_trainer([
+      f"--train_data={shapes_data}/train/*.tfrecord", f"--eval_data={shapes_data}/eval/*.tfrecord",
+      f"--output_dir={out}", "--model=cnn", "--hidden_units=16", "--num_cpu_devices=2", "--run_eagerly",
+      "--train_steps=60", "--global_batch_size=32", "--learning_rate=0.01", "--log_every_steps=20"])
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "Running eagerly (--run_eagerly)" in result.stderr
+  metrics = final_metrics(out / "model")
+  assert metrics["strategy"] == "MirroredStrategy" and metrics["num_replicas"] == 2
+  assert metrics["eval_accuracy"] > 0.9
+
+
+def test_resume_after_kill_ends_at_the_same_step(churn_data, tmp_path):
+  out = tmp_path / "out"
+  args = data_args(churn_data) + [f"--output_dir={out}", "--train_steps=6000", "--checkpoint_every_steps=500",
+                                  "--steps_per_loop=50", "--global_batch_size=32", "--eval_steps=5"]
+  proc = subprocess.Popen(procs.trainer_cmd(args), env=procs.trainer_env(), cwd=procs.REPO,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+  try:
+    deadline = time.monotonic() + 180
+    while not os.path.exists(out / "checkpoints" / "checkpoint"):  # written once a checkpoint is complete
+      assert proc.poll() is None, "trainer ended before its first checkpoint"
+      assert time.monotonic() < deadline, "no checkpoint within 180 s"
+      time.sleep(0.05)
+  finally:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+  assert not os.path.exists(out / "model" / "saved_model.pb")  # a killed run leaves no model
+  result = procs.run_trainer(args)
+  assert result.returncode == 0, result.stderr[-3000:]
+  metrics = final_metrics(out / "model")
+  assert metrics["resumed_from_step"] >= 500 and metrics["resumed_from_step"] % 500 == 0
+  assert metrics["final_step"] == 6000
+  assert f"Resuming at step {metrics['resumed_from_step']} of 6000" in result.stderr
+
+
+PLUGIN = '''
+import tensorflow as tf
+
+def build(schema, hparams):
+  inputs = {f.name: tf.keras.Input((), name=f.name, dtype="int64" if f.type == "string" else "float32")
+            for f in schema.features}
+  numeric = [tf.keras.layers.Reshape((1,))(inputs[f.name]) for f in schema.features if f.type != "string"]
+  x = tf.keras.layers.Concatenate()(numeric)
+  x = tf.keras.layers.Dense(hparams["units"], activation="relu")(x)
+  return tf.keras.Model(inputs, tf.keras.layers.Dense(schema.label.num_classes)(x))
+'''
+
+
+def test_plugin_model(churn_data, tmp_path):
+  (tmp_path / "my_models.py").write_text(PLUGIN)
+  out = tmp_path / "out"
+  result = procs.run_trainer(data_args(churn_data) + [
+      f"--output_dir={out}", "--model=my_models:build", "--hparams={\"units\": 8}", "--train_steps=50"],
+      env={"PYTHONPATH": f"{procs.REPO}:{tmp_path}"})
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert final_metrics(out / "model")["final_step"] == 50
+
+
+def test_dry_run_prints_one_json_object(churn_data, tmp_path):
+  cluster_spec = json.dumps({"cluster": {"workerpool0": ["a:1"], "workerpool1": ["b:1", "c:1"]},
+                             "task": {"type": "workerpool1", "index": 1}, "environment": "cloud"})
+  result = procs.run_trainer(data_args(churn_data) + ["--dry_run", "--global_batch_size=96"], env={
+      "CLUSTER_SPEC": cluster_spec, "AIP_MODEL_DIR": str(tmp_path / "model"),
+      "AIP_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "AIP_TENSORBOARD_LOG_DIR": str(tmp_path / "logs")})
+  assert result.returncode == 0, result.stderr[-3000:]
+  lines = result.stdout.strip().splitlines()
+  assert len(lines) == 1
+  plan = json.loads(lines[0])
+  assert plan["task_type"] == "worker" and plan["task_index"] == 1 and plan["is_chief"] is False
+  assert plan["num_workers"] == 3 and plan["strategy"] == "MultiWorkerMirroredStrategy"
+  assert plan["strategy_reason"] == "cluster has 3 training processes and no parameter server"
+  assert plan["model_dir"] == str(tmp_path / "model")
+  assert not os.listdir(tmp_path)  # nothing written, no peer contacted
+
+
+def _bad_cases(churn_data, tmp_path):
+  good = data_args(churn_data)
+  chief_worker = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}
+  (tmp_path / "a_file").write_text("")
+  bad_shard = tmp_path / "mixed"
+  bad_shard.mkdir()
+  import shutil  # pylint: disable=g-import-not-at-top
+  shutil.copy(f"{churn_data}/train/schema.json", bad_shard / "schema.json")
+  shutil.copy(f"{churn_data}/train/part-00000-of-00004.tfrecord", bad_shard / "a.tfrecord")
+  with open(bad_shard / "b.tfrecord", "wb") as f:  # a second file with a different schema
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    with tf.io.TFRecordWriter(str(bad_shard / "b.tfrecord")) as writer:
+      example = tf.train.Example(features=tf.train.Features(feature={
+          "other": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0]))}))
+      for _ in range(500):
+        writer.write(example.SerializeToString())
+  return [
+      ("tf_config_json", good, {"TF_CONFIG": "{oops"}, r"TF_CONFIG is not valid JSON"),
+      ("cluster_spec_json", good, {"CLUSTER_SPEC": "[]"}, r"CLUSTER_SPEC must be a JSON object"),
+      ("task_type", good, {"TF_CONFIG": procs.tf_config(chief_worker, "boss", 0)},
+       r"TF_CONFIG: unknown task type 'boss'"),
+      ("task_index", good, {"TF_CONFIG": procs.tf_config(chief_worker, "worker", 3)},
+       r"TF_CONFIG: task index 3 is out of range for 'worker' \(valid: 0\.\.0\)"),
+      ("no_chief_or_worker", good, {"TF_CONFIG": procs.tf_config({"ps": ["127.0.0.1:1"]}, "ps", 0)},
+       r"TF_CONFIG: the cluster has no chief and no worker"),
+      ("strategy_contradiction", good + ["--strategy=mirrored"], {"TF_CONFIG": procs.tf_config(chief_worker,
+                                                                                              "chief", 0)},
+       r"--strategy=mirrored contradicts the cluster \(1 chief, 1 worker\)"),
+      ("batch_not_divisible", good + ["--num_cpu_devices=3", "--global_batch_size=64"], {},
+       r"--global_batch_size=64 is not divisible by the 3 replicas of MirroredStrategy; use a multiple of 3"),
+      ("empty_pattern", [f"--train_data={tmp_path}/none-*.tfrecord"], {}, r"--train_data: no files match"),
+      ("missing_file", good[:1] + [f"--eval_data={tmp_path}/missing.tfrecord"], {},
+       r"--eval_data: no files match '.*/missing.tfrecord'"),
+      ("first_record", [f"--train_data={bad_shard}/b.tfrecord", f"--schema={bad_shard}/schema.json"], {},
+       r"--train_data: the first record of .*b.tfrecord has no feature 'tenure_months'"),
+      ("later_record", [f"--train_data={bad_shard}/*.tfrecord", "--shuffle_buffer=0", "--global_batch_size=500"], {},
+       r"a record in --train_data/--eval_data does not match the schema .*schema.json: "),
+      ("unknown_model", good + ["--model=transformer"], {}, r"--model='transformer' is neither a built-in model"),
+      ("import_fails", good + ["--model=no_such_pkg.models:build"], {},
+       r"--model='no_such_pkg.models:build': cannot import module 'no_such_pkg.models' \(ModuleNotFoundError"),
+      ("not_writable", good + [f"--output_dir={tmp_path}/a_file/out"], {},
+       r"--model_dir: .*a_file/out/model is not writable"),
+  ]
+
+
+def test_bad_input_fails_in_one_line_and_writes_nothing(churn_data, tmp_path):
+  failures = []
+  for name, args, env, message in _bad_cases(churn_data, tmp_path):
+    out = tmp_path / f"out-{name}"
+    if not any(a.startswith("--output_dir") for a in args):
+      args = args + [f"--output_dir={out}"]
+    result = procs.run_trainer(args + ["--train_steps=20"], env=env)
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    import re  # pylint: disable=g-import-not-at-top
+    if result.returncode != 2 or len(error_lines) != 1 or not re.search(message, error_lines[0]) \
+        or "Traceback" in result.stderr:
+      failures.append(f"{name}: rc={result.returncode} {error_lines} {result.stderr[-1500:]}")
+    if os.path.exists(out / "model"):
+      failures.append(f"{name}: wrote {os.listdir(out / 'model')}")
+  assert not failures, "\n".join(failures)

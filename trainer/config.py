@@ -1,0 +1,169 @@
+"""The trainer's typed configuration: built once from flags and environment, validated, then passed down.
+
+Everything below `task.py` takes these values as arguments; nothing else reads flags or `os.environ`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Mapping
+
+from trainer.errors import UserError
+
+STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker_mirrored", "parameter_server", "tpu")
+LOOPS = ("custom", "fit")
+DATA_FORMATS = ("tfrecord", "csv")
+OPTIMIZERS = ("adam", "sgd", "adagrad", "rmsprop")
+BUILTIN_MODELS = ("tabular", "cnn")
+
+
+@dataclasses.dataclass(frozen=True)
+class Environment:
+  """What the trainer reads from its process environment, parsed once at start-up."""
+
+  tf_config: str | None = None
+  cluster_spec: str | None = None
+  aip_model_dir: str | None = None
+  aip_checkpoint_dir: str | None = None
+  aip_tensorboard_log_dir: str | None = None
+  aip_training_data_uri: str | None = None
+  aip_validation_data_uri: str | None = None
+  job_id: str | None = None
+  tpu_name: str | None = None
+
+  @classmethod
+  def from_mapping(cls, environ: Mapping[str, str]) -> "Environment":
+    def get(name: str) -> str | None:
+      value = environ.get(name)
+      return value if value else None
+
+    return cls(
+        tf_config=get("TF_CONFIG"),
+        cluster_spec=get("CLUSTER_SPEC"),
+        aip_model_dir=get("AIP_MODEL_DIR"),
+        aip_checkpoint_dir=get("AIP_CHECKPOINT_DIR"),
+        aip_tensorboard_log_dir=get("AIP_TENSORBOARD_LOG_DIR"),
+        aip_training_data_uri=get("AIP_TRAINING_DATA_URI"),
+        aip_validation_data_uri=get("AIP_VALIDATION_DATA_URI"),
+        job_id=get("CLOUD_ML_JOB_ID"),
+        tpu_name=get("TPU_NAME"),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  train_pattern: str
+  eval_pattern: str | None
+  schema_path: str
+  format: str = "tfrecord"
+  shuffle_buffer: int = 10_000
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  name: str = "tabular"
+  hidden_units: tuple[int, ...] = (64, 32)
+  dropout: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  global_batch_size: int = 256
+  train_steps: int | None = 1000
+  epochs: int | None = None
+  learning_rate: float = 1e-3
+  optimizer: str = "adam"
+  loop: str = "custom"
+  run_eagerly: bool = False
+  seed: int = 42
+  steps_per_loop: int = 50
+  log_every_steps: int = 50
+  checkpoint_every_steps: int = 200
+  eval_steps: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputConfig:
+  model_dir: str
+  checkpoint_dir: str
+  tensorboard_dir: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributionConfig:
+  strategy: str = "auto"
+  num_cpu_devices: int = 1
+  tpu: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  data: DataConfig
+  model: ModelConfig
+  train: TrainConfig
+  output: OutputConfig
+  distribution: DistributionConfig
+  hparams: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  def to_json(self) -> str:
+    return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True, default=list)
+
+
+def normalize_path(path: str) -> str:
+  """Rewrites a Cloud Storage FUSE path `/gcs/<bucket>/...` to `gs://<bucket>/...`.
+
+  Why: TensorFlow's native `gs://` client streams and reads in parallel, which the FUSE mount cannot match,
+  and the rewrite lets the same flags run off Vertex (where nothing is mounted at /gcs). This is the only
+  place the rewrite happens.
+  """
+  if path.startswith("/gcs/") and len(path) > len("/gcs/"):
+    return "gs://" + path[len("/gcs/"):]
+  return path
+
+
+def join_path(base: str, *parts: str) -> str:
+  """Joins path segments for local and `gs://` paths alike (os.path.join would mangle `gs://` on Windows)."""
+  return "/".join([base.rstrip("/")] + [p.strip("/") for p in parts])
+
+
+def validate(config: Config) -> None:
+  """Checks values that make sense on their own, before anything touches storage or devices."""
+  train = config.train
+  _positive("--global_batch_size", train.global_batch_size)
+  if (train.train_steps is None) == (train.epochs is None):
+    raise UserError("--train_steps and --epochs: give exactly one "
+                    f"(got train_steps={train.train_steps}, epochs={train.epochs})")
+  if train.train_steps is not None:
+    _positive("--train_steps", train.train_steps)
+  if train.epochs is not None:
+    _positive("--epochs", train.epochs)
+  if not train.learning_rate > 0:
+    raise UserError(f"--learning_rate must be > 0, got {train.learning_rate}")
+  _positive("--steps_per_loop", train.steps_per_loop)
+  _positive("--log_every_steps", train.log_every_steps)
+  _positive("--checkpoint_every_steps", train.checkpoint_every_steps)
+  if train.eval_steps is not None and train.eval_steps < 0:
+    raise UserError(f"--eval_steps must be >= 0 (0 skips evaluation), got {train.eval_steps}")
+  _positive("--num_cpu_devices", config.distribution.num_cpu_devices)
+  if not 0 <= config.model.dropout < 1:
+    raise UserError(f"--dropout must be in [0, 1), got {config.model.dropout}")
+  if not config.model.hidden_units or any(u <= 0 for u in config.model.hidden_units):
+    raise UserError(f"--hidden_units must be positive integers, got {list(config.model.hidden_units)}")
+  model_name = config.model.name
+  if model_name not in BUILTIN_MODELS and not _is_import_path(model_name):
+    raise UserError(f"--model={model_name!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) "
+                    "nor an import path 'package.module:function'")
+  if config.data.shuffle_buffer < 0:
+    raise UserError(f"--shuffle_buffer must be >= 0, got {config.data.shuffle_buffer}")
+
+
+def _positive(flag: str, value: int) -> None:
+  if value is None or value <= 0:
+    raise UserError(f"{flag} must be a positive integer, got {value}")
+
+
+def _is_import_path(name: str) -> bool:
+  module, sep, attr = name.partition(":")
+  return bool(sep) and bool(attr) and all(part.isidentifier() for part in module.split(".")) and attr.isidentifier()
+

@@ -1,0 +1,148 @@
+"""Command-line flags, all defined in one function, and their conversion into a typed `Config`.
+
+Flags are all optional at definition; `config_from_flags` decides what is required, because several have
+defaults that come from Vertex AI's environment (AIP_MODEL_DIR, AIP_TRAINING_DATA_URI, ...).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from absl import flags
+
+from trainer import config as config_lib
+from trainer.errors import UserError
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines every trainer flag on `flag_values`. Call once, before absl parses argv."""
+  fv = {"flag_values": flag_values}
+  # Data.
+  flags.DEFINE_string("train_data", None, "Training file pattern (local, gs:// or /gcs/). "
+                      "Default: $AIP_TRAINING_DATA_URI.", **fv)
+  flags.DEFINE_string("eval_data", None, "Evaluation file pattern. Default: $AIP_VALIDATION_DATA_URI; "
+                      "none skips evaluation.", **fv)
+  flags.DEFINE_enum("data_format", "tfrecord", config_lib.DATA_FORMATS, "Format of the data files.", **fv)
+  flags.DEFINE_string("schema", None, "Feature schema JSON. Default: schema.json beside the training files.", **fv)
+  flags.DEFINE_integer("shuffle_buffer", 10_000, "Examples in the shuffle buffer (0: no shuffle).", **fv)
+  # Model.
+  flags.DEFINE_string("model", "tabular", "Built-in model (tabular, cnn) or 'package.module:build_fn'.", **fv)
+  flags.DEFINE_list("hidden_units", ["64", "32"], "Hidden layer sizes of the built-in models.", **fv)
+  flags.DEFINE_float("dropout", 0.0, "Dropout rate of the built-in models.", **fv)
+  flags.DEFINE_string("hparams", "{}", "JSON object of extra hyperparameters passed to a plug-in build_fn.", **fv)
+  # Training.
+  flags.DEFINE_integer("global_batch_size", 256, "Examples per step across all replicas.", **fv)
+  flags.DEFINE_integer("train_steps", None, "Optimizer steps to run (default 1000 unless --epochs is given).", **fv)
+  flags.DEFINE_integer("epochs", None, "Passes over the training data (instead of --train_steps).", **fv)
+  flags.DEFINE_float("learning_rate", 1e-3, "Learning rate.", **fv)
+  flags.DEFINE_enum("optimizer", "adam", config_lib.OPTIMIZERS, "Optimizer.", **fv)
+  flags.DEFINE_enum("loop", "custom", config_lib.LOOPS, "custom: tf.function step with strategy.run; "
+                    "fit: Keras model.fit inside strategy.scope().", **fv)
+  flags.DEFINE_boolean("run_eagerly", False, "Run the training step eagerly (debugging); still distributed.", **fv)
+  flags.DEFINE_integer("seed", 42, "Random seed for weights and shuffling.", **fv)
+  flags.DEFINE_integer("steps_per_loop", 50, "Steps run inside one tf.function call (custom loop) or one "
+                       "Keras execution (fit).", **fv)
+  flags.DEFINE_integer("log_every_steps", 50, "Steps between progress lines and TensorBoard scalars.", **fv)
+  flags.DEFINE_integer("checkpoint_every_steps", 200, "Steps between checkpoints.", **fv)
+  flags.DEFINE_integer("eval_steps", None, "Evaluation batches (default: one pass over --eval_data; 0 skips).", **fv)
+  # Distribution.
+  flags.DEFINE_enum("strategy", "auto", config_lib.STRATEGIES, "tf.distribute strategy; auto picks it from "
+                    "the cluster (TF_CONFIG / CLUSTER_SPEC) and the devices.", **fv)
+  flags.DEFINE_integer("num_cpu_devices", 1, "Split the CPU into this many logical devices (to run "
+                       "MirroredStrategy replicas without GPUs).", **fv)
+  flags.DEFINE_string("tpu", None, "TPU name or 'local'. Default: $TPU_NAME.", **fv)
+  # Outputs.
+  flags.DEFINE_string("output_dir", None, "Base output dir: model/, checkpoints/ and logs/ under it, as "
+                      "Vertex's baseOutputDirectory.", **fv)
+  flags.DEFINE_string("model_dir", None, "SavedModel export dir. Default: $AIP_MODEL_DIR or <output_dir>/model.", **fv)
+  flags.DEFINE_string("checkpoint_dir", None, "Checkpoint dir. Default: $AIP_CHECKPOINT_DIR or "
+                      "<output_dir>/checkpoints.", **fv)
+  flags.DEFINE_string("tensorboard_dir", None, "TensorBoard dir. Default: $AIP_TENSORBOARD_LOG_DIR or "
+                      "<output_dir>/logs.", **fv)
+  flags.DEFINE_boolean("dry_run", False, "Print the resolved role, strategy and config as one JSON object "
+                       "and exit without training.", **fv)
+
+
+def config_from_flags(values: flags.FlagValues, env: config_lib.Environment) -> config_lib.Config:
+  """Builds and validates the typed config from parsed flags and the environment."""
+  train_pattern = values.train_data or env.aip_training_data_uri
+  if not train_pattern:
+    raise UserError("--train_data is required (or set AIP_TRAINING_DATA_URI)")
+  eval_pattern = values.eval_data or env.aip_validation_data_uri
+  train_pattern = config_lib.normalize_path(train_pattern)
+  eval_pattern = config_lib.normalize_path(eval_pattern) if eval_pattern else None
+  schema_path = values.schema or _default_schema_path(train_pattern)
+
+  output_dir = config_lib.normalize_path(values.output_dir) if values.output_dir else None
+  model_dir = _pick_dir("--model_dir", values.model_dir, env.aip_model_dir, output_dir, "model")
+  checkpoint_dir = _pick_dir("--checkpoint_dir", values.checkpoint_dir, env.aip_checkpoint_dir, output_dir,
+                             "checkpoints")
+  tensorboard_dir = _pick_dir("--tensorboard_dir", values.tensorboard_dir, env.aip_tensorboard_log_dir,
+                              output_dir, "logs")
+
+  train_steps = values.train_steps
+  if train_steps is None and values.epochs is None:
+    train_steps = 1000
+  try:
+    hidden_units = tuple(int(u) for u in values.hidden_units)
+  except ValueError:
+    raise UserError(f"--hidden_units must be a comma-separated list of integers, got {values.hidden_units}") from None
+
+  config = config_lib.Config(
+      data=config_lib.DataConfig(
+          train_pattern=train_pattern,
+          eval_pattern=eval_pattern,
+          schema_path=config_lib.normalize_path(schema_path),
+          format=values.data_format,
+          shuffle_buffer=values.shuffle_buffer,
+      ),
+      model=config_lib.ModelConfig(name=values.model, hidden_units=hidden_units, dropout=values.dropout),
+      train=config_lib.TrainConfig(
+          global_batch_size=values.global_batch_size,
+          train_steps=train_steps,
+          epochs=values.epochs,
+          learning_rate=values.learning_rate,
+          optimizer=values.optimizer,
+          loop=values.loop,
+          run_eagerly=values.run_eagerly,
+          seed=values.seed,
+          steps_per_loop=values.steps_per_loop,
+          log_every_steps=values.log_every_steps,
+          checkpoint_every_steps=values.checkpoint_every_steps,
+          eval_steps=values.eval_steps,
+      ),
+      output=config_lib.OutputConfig(model_dir=model_dir, checkpoint_dir=checkpoint_dir,
+                                     tensorboard_dir=tensorboard_dir),
+      distribution=config_lib.DistributionConfig(
+          strategy=values.strategy, num_cpu_devices=values.num_cpu_devices, tpu=values.tpu or env.tpu_name),
+      hparams=_parse_hparams(values.hparams),
+  )
+  config_lib.validate(config)
+  return config
+
+
+def _default_schema_path(train_pattern: str) -> str:
+  directory = train_pattern.rsplit("/", 1)[0] if "/" in train_pattern else "."
+  return config_lib.join_path(directory, "schema.json")
+
+
+def _pick_dir(flag: str, explicit: str | None, from_env: str | None, output_dir: str | None, leaf: str) -> str:
+  for candidate in (explicit, from_env):
+    if candidate:
+      return config_lib.normalize_path(candidate).rstrip("/")
+  if output_dir:
+    return config_lib.join_path(output_dir, leaf)
+  raise UserError(f"{flag} is required: pass it, or --output_dir, or run where Vertex sets the AIP_* output "
+                  "variables (baseOutputDirectory)")
+
+
+def _parse_hparams(text: str) -> dict[str, Any]:
+  try:
+    value = json.loads(text or "{}")
+  except json.JSONDecodeError as e:
+    raise UserError(f"--hparams is not valid JSON ({e.msg}): {text!r}; expected an object like "
+                    "'{\"units\": 32}'") from None
+  if not isinstance(value, dict):
+    raise UserError(f"--hparams must be a JSON object, got {text!r}")
+  return value

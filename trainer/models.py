@@ -1,0 +1,135 @@
+"""Model builders: the built-in tabular and image models, and the hook for a user's own.
+
+Every builder takes the schema and returns an uncompiled Keras model whose inputs are named after the
+schema's features and take the encoded tensors `data.FeatureEncoder` produces (float numbers, int64 vocabulary
+ids, float images). It outputs logits (classification) or one value (regression). Call builders inside
+`strategy.scope()`.
+
+A plug-in is `--model=package.module:build_fn` with `build_fn(schema, hparams) -> keras.Model`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Mapping
+
+from trainer import config as config_lib
+from trainer import schema as schema_lib
+from trainer.errors import UserError
+
+
+def resolve_builder(name: str) -> Callable[..., Any]:
+  """Returns a `build(schema, model_config, hparams)` callable; import errors become UserError."""
+  if name == "tabular":
+    return build_tabular
+  if name == "cnn":
+    return build_cnn
+  module_name, _, attr = name.partition(":")
+  try:
+    module = importlib.import_module(module_name)
+  except Exception as e:  # pylint: disable=broad-except
+    raise UserError(f"--model={name!r}: cannot import module {module_name!r} ({type(e).__name__}: {e})") from None
+  build_fn = getattr(module, attr, None)
+  if not callable(build_fn):
+    raise UserError(f"--model={name!r}: module {module_name!r} has no callable {attr!r}")
+
+  def build_plugin(schema: schema_lib.Schema, model_config: config_lib.ModelConfig,
+                   hparams: Mapping[str, Any]):
+    del model_config
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    model = build_fn(schema, dict(hparams))
+    if not isinstance(model, tf.keras.Model):
+      raise UserError(f"--model={name!r}: build_fn returned {type(model).__name__}, expected a keras.Model")
+    return model
+
+  return build_plugin
+
+
+def output_units(schema: schema_lib.Schema) -> int:
+  return schema.label.num_classes if schema.task == "classification" else 1
+
+
+def model_inputs(schema: schema_lib.Schema) -> dict[str, Any]:
+  """Named Keras inputs, one per feature, matching the encoder's output dtypes."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  inputs = {}
+  for feature in schema.features:
+    if feature.is_categorical:
+      inputs[feature.name] = tf.keras.Input(shape=(), dtype="int64", name=feature.name)
+    elif feature.type == "image":
+      inputs[feature.name] = tf.keras.Input(shape=feature.shape, dtype="float32", name=feature.name)
+    else:
+      inputs[feature.name] = tf.keras.Input(shape=(), dtype="float32", name=feature.name)
+  return inputs
+
+
+def build_tabular(schema: schema_lib.Schema, model_config: config_lib.ModelConfig,
+                  hparams: Mapping[str, Any] | None = None):
+  """An MLP over standardized numeric features and embedded categorical ones."""
+  del hparams
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  layers = tf.keras.layers
+  inputs = model_inputs(schema)
+  parts = []
+  for feature in schema.features:
+    x = inputs[feature.name]
+    if feature.is_categorical:
+      size = len(feature.vocabulary) + 1
+      x = layers.Embedding(size, min(8, size), name=f"{feature.name}_embedding")(x)
+    elif feature.type == "image":
+      x = layers.Flatten()(layers.Rescaling(1 / 255)(x))
+    else:
+      x = layers.Reshape((1,))(x)
+      if feature.mean is not None and feature.std is not None:
+        x = layers.Rescaling(1 / feature.std, offset=-feature.mean / feature.std, name=f"{feature.name}_std")(x)
+    parts.append(x)
+  x = layers.Concatenate()(parts) if len(parts) > 1 else parts[0]
+  for units in model_config.hidden_units:
+    x = layers.Dense(units, activation="relu")(x)
+    if model_config.dropout:
+      x = layers.Dropout(model_config.dropout)(x)
+  outputs = layers.Dense(output_units(schema), name="output")(x)
+  return tf.keras.Model(inputs, outputs, name="tabular")
+
+
+def build_cnn(schema: schema_lib.Schema, model_config: config_lib.ModelConfig,
+              hparams: Mapping[str, Any] | None = None):
+  """A small convolutional network over the schema's first image feature."""
+  del hparams
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  images = [f for f in schema.features if f.type == "image"]
+  if not images:
+    raise UserError("--model=cnn needs an image feature in the schema (type 'image'); use --model=tabular")
+  layers = tf.keras.layers
+  image = model_inputs(schema)[images[0].name]
+  x = layers.Rescaling(1 / 255)(image)
+  for filters in (16, 32):
+    x = layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
+    x = layers.MaxPooling2D()(x)
+  x = layers.GlobalAveragePooling2D()(x)
+  for units in model_config.hidden_units:
+    x = layers.Dense(units, activation="relu")(x)
+    if model_config.dropout:
+      x = layers.Dropout(model_config.dropout)(x)
+  outputs = layers.Dense(output_units(schema), name="output")(x)
+  return tf.keras.Model({images[0].name: image}, outputs, name="cnn")
+
+
+def input_names(model) -> list[str] | None:
+  """The feature names a functional model takes, or None when it takes any dict (subclassed models)."""
+  inputs = getattr(model, "inputs", None)
+  if not inputs:
+    return None
+  names = [getattr(t, "name", None) for t in inputs]
+  return names if all(names) else None
+
+
+def select_inputs(features: Mapping[str, Any], names: list[str] | None) -> Mapping[str, Any]:
+  """The subset of encoded features a model takes (a CNN ignores the tabular columns)."""
+  if names is None:
+    return features
+  return {name: features[name] for name in names}

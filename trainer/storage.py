@@ -1,0 +1,74 @@
+"""Storage helpers over `tf.io.gfile`, so local paths and `gs://` take one code path.
+
+On Vertex, `gs://` goes to Cloud Storage with the job's service account; in tests and local runs the same
+calls reach an emulator (see scripts/gcs_emulator.py). Nothing here knows which.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from typing import Any
+
+from trainer.errors import UserError
+
+
+def is_remote(path: str) -> bool:
+  return "://" in path
+
+
+def check_writable(path: str, *, flag: str) -> None:
+  """Fails with a UserError unless `path` can be written. Leaves nothing behind."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  if not is_remote(path):
+    if not _local_writable(path):
+      raise UserError(f"{flag}: {path} is not writable (no permission, or a file is in the way); "
+                      "pass a directory you can write")
+    return
+  probe = path.rstrip("/") + f"/.write-probe-{uuid.uuid4().hex}"
+  try:
+    with tf.io.gfile.GFile(probe, "w") as f:
+      f.write("")
+    tf.io.gfile.remove(probe)
+  except tf.errors.OpError as e:
+    raise UserError(f"{flag}: cannot write to {path}: {e.message.splitlines()[0]}") from None
+
+
+def _local_writable(path: str) -> bool:
+  """True when a local directory exists and is writable, or could be created under a writable ancestor."""
+  probe = os.path.abspath(path)
+  while not os.path.exists(probe):
+    parent = os.path.dirname(probe)
+    if parent == probe:
+      return False
+    probe = parent
+  return os.path.isdir(probe) and os.access(probe, os.W_OK | os.X_OK)
+
+
+def write_json(path: str, value: Any) -> None:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  directory = path.rsplit("/", 1)[0]
+  tf.io.gfile.makedirs(directory)
+  with tf.io.gfile.GFile(path, "w") as f:
+    f.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: str) -> Any:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  with tf.io.gfile.GFile(path, "r") as f:
+    return json.loads(f.read())
+
+
+def remove_tree(path: str) -> None:
+  """Removes a directory if it exists (best effort: used to clean up after a failure)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  try:
+    if tf.io.gfile.exists(path):
+      tf.io.gfile.rmtree(path)
+  except tf.errors.OpError:
+    pass
