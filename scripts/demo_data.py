@@ -76,7 +76,8 @@ def shapes(num_examples: int, seed: int) -> tuple[dict[str, np.ndarray], dict]:
 DATASETS = {"churn": churn, "shapes": shapes}
 
 
-def _example(columns: dict[str, np.ndarray], i: int, schema: dict) -> bytes:
+def example_bytes(columns: dict[str, np.ndarray], i: int, schema: dict) -> bytes:
+  """Row `i` of `columns` as a serialized tf.train.Example typed by `schema` (a schema JSON object)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   feature = {}
@@ -91,7 +92,8 @@ def _example(columns: dict[str, np.ndarray], i: int, schema: dict) -> bytes:
     elif kind == "image":
       feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.tobytes()]))
     else:
-      feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[str(value).encode()]))
+      raw = value if isinstance(value, bytes) else str(value).encode()
+      feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[raw]))
   return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
@@ -110,7 +112,7 @@ def write_split(directory: str, columns: dict[str, np.ndarray], schema: dict, *,
     if "tfrecord" in formats:
       with tf.io.TFRecordWriter(stem + ".tfrecord") as writer:
         for i in rows:
-          writer.write(_example(columns, i, schema))
+          writer.write(example_bytes(columns, i, schema))
       written.append(stem + ".tfrecord")
     if "csv" in formats:
       buffer = io.StringIO()

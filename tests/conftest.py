@@ -33,3 +33,35 @@ def shapes_data(tmp_path_factory) -> str:
   directory = str(tmp_path_factory.mktemp("shapes"))
   demo_data.make(directory, dataset="shapes", num_train=1024, num_eval=256, num_shards=4)
   return directory
+
+
+@pytest.fixture(scope="session")
+def gcs(tmp_path_factory):
+  """Emulated Cloud Storage for the whole session (fake-gcs-server + TLS proxy), torn down at the end.
+
+  Its environment is also set in this process, so in-process TensorFlow and google-cloud-storage reach it.
+  """
+  from scripts import gcs_emulator  # pylint: disable=g-import-not-at-top
+
+  emulator = gcs_emulator.start(buckets=("test-bucket",), directory=str(tmp_path_factory.mktemp("gcs")))
+  saved = {k: os.environ.get(k) for k in emulator.env}
+  os.environ.update(emulator.env)
+  try:
+    yield emulator
+  finally:
+    emulator.stop()
+    for key, value in saved.items():
+      if value is None:
+        os.environ.pop(key, None)
+      else:
+        os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def gcs_churn(gcs, churn_data) -> str:
+  """The churn dataset staged at gs://test-bucket/churn (TFRecord shards + schema.json)."""
+  from scripts import stage_data  # pylint: disable=g-import-not-at-top
+
+  for split in ("train", "eval"):
+    stage_data.upload_tree(os.path.join(churn_data, split), f"gs://test-bucket/churn/{split}")
+  return "gs://test-bucket/churn"

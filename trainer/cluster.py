@@ -190,3 +190,14 @@ def _address_list(raw: Any, variable: str, name: str) -> tuple[str, ...]:
   if not isinstance(raw, list) or not all(isinstance(a, str) and a for a in raw):
     raise UserError(f"{variable}: cluster entry {name!r} must be a list of 'host:port' strings, got {raw!r}")
   return tuple(raw)
+
+
+def without_parameter_servers(role: ClusterRole) -> ClusterRole:
+  """The role with pool 2 removed: with a Reduction Server there, pool 2 is not a parameter-server pool."""
+  if role.task_type == PS:
+    raise UserError(f"--reduction_server: this process is task {role.task_type}:{role.task_index} of pool 2, "
+                    "which runs the Reduction Server image, not the trainer")
+  cluster = {k: v for k, v in role.cluster.items() if k != PS}
+  if len(cluster.get(CHIEF, ())) + len(cluster.get(WORKER, ())) <= 1:
+    cluster = {}
+  return dataclasses.replace(role, cluster=cluster)

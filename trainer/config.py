@@ -31,6 +31,7 @@ class Environment:
   aip_validation_data_uri: str | None = None
   job_id: str | None = None
   tpu_name: str | None = None
+  hp_metric_file: str | None = None
 
   @classmethod
   def from_mapping(cls, environ: Mapping[str, str]) -> "Environment":
@@ -48,6 +49,7 @@ class Environment:
         aip_validation_data_uri=get("AIP_VALIDATION_DATA_URI"),
         job_id=get("CLOUD_ML_JOB_ID"),
         tpu_name=get("TPU_NAME"),
+        hp_metric_file=get("CLOUD_ML_HP_METRIC_FILE"),
     )
 
 
@@ -58,6 +60,7 @@ class DataConfig:
   schema_path: str
   format: str = "tfrecord"
   shuffle_buffer: int = 10_000
+  deterministic: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +84,7 @@ class TrainConfig:
   log_every_steps: int = 50
   checkpoint_every_steps: int = 200
   eval_steps: int | None = None
+  hypertune_metric: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +99,7 @@ class DistributionConfig:
   strategy: str = "auto"
   num_cpu_devices: int = 1
   tpu: str | None = None
+  reduction_server: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,7 @@ from trainer import schema as schema_lib
 from trainer.errors import UserError
 
 _MAX_PARALLEL_FILES = 16
+_SHUFFLE_CHUNK = 32
 
 
 def list_files(pattern: str, *, flag: str) -> list[str]:
@@ -188,12 +189,13 @@ def raw_serving_specs(schema: schema_lib.Schema):
 def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, data_format: str, global_batch_size: int,
                     training: bool, shuffle_buffer: int = 10_000, seed: int | None = None,
                     repeat: bool = True, csv_header: list[str] | None = None,
-                    select: list[str] | None = None) -> Callable:
+                    select: list[str] | None = None, deterministic: bool = False) -> Callable:
   """Returns `dataset_fn(input_context)` for `strategy.distribute_datasets_from_function`.
 
   Each input pipeline reads its own subset of files when there are at least as many files as pipelines
   (else every pipeline reads all files and keeps every n-th record), and batches to the per-replica size.
   `select` keeps only those encoded features (Keras `fit` wants exactly the model's inputs).
+  `deterministic` keeps the order fixed across runs even while training (reproducible weights).
   """
 
   if data_format == "csv" and csv_header is None:
@@ -225,19 +227,25 @@ def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, data_format:
         cycle_length=min(num_files, _MAX_PARALLEL_FILES),
         num_parallel_calls=tf.data.AUTOTUNE,
         # Record sharding needs the same order on every pipeline; otherwise let the fastest file win.
-        deterministic=shard_records or not training)
+        deterministic=deterministic or shard_records or not training)
     if shard_records:
       ds = ds.shard(num_pipelines, pipeline_id)
     if training and shuffle_buffer:
-      ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    ds = ds.batch(batch_size, drop_remainder=True, num_parallel_calls=tf.data.AUTOTUNE,
-                  deterministic=not training)
+      # Shuffle small chunks of serialized records rather than single records: a per-record shuffle costs
+      # ~30% of the pipeline's throughput (scripts/bench_input.py). A chunk holds consecutive records of the
+      # interleaved stream (already mixed across files), and `shuffle_buffer` still counts records.
+      chunk = max(1, min(_SHUFFLE_CHUNK, batch_size // 8))
+      ds = ds.batch(chunk).shuffle(max(1, shuffle_buffer // chunk), seed=seed, reshuffle_each_iteration=True)
+      ds = ds.rebatch(batch_size, drop_remainder=True)
+    else:
+      ds = ds.batch(batch_size, drop_remainder=True, num_parallel_calls=tf.data.AUTOTUNE,
+                    deterministic=deterministic or not training)
     encoder = FeatureEncoder(schema)  # built here: ParameterServerStrategy needs tables made inside dataset_fn
     parse = _batch_parser(schema, data_format, encoder, csv_layout)
     if select is not None:
       parse_all = parse
       parse = lambda *batch: _select(*parse_all(*batch), select)  # pylint: disable=unnecessary-lambda-assignment
-    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
+    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic or not training)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)

@@ -26,6 +26,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_enum("data_format", "tfrecord", config_lib.DATA_FORMATS, "Format of the data files.", **fv)
   flags.DEFINE_string("schema", None, "Feature schema JSON. Default: schema.json beside the training files.", **fv)
   flags.DEFINE_integer("shuffle_buffer", 10_000, "Examples in the shuffle buffer (0: no shuffle).", **fv)
+  flags.DEFINE_boolean("deterministic_input", False, "Read examples in the same order every run (seeded "
+                       "shuffle, ordered interleave): reproducible weights, slightly slower input.", **fv)
   # Model.
   flags.DEFINE_string("model", "tabular", "Built-in model (tabular, cnn) or 'package.module:build_fn'.", **fv)
   flags.DEFINE_list("hidden_units", ["64", "32"], "Hidden layer sizes of the built-in models.", **fv)
@@ -51,6 +53,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                     "the cluster (TF_CONFIG / CLUSTER_SPEC) and the devices.", **fv)
   flags.DEFINE_integer("num_cpu_devices", 1, "Split the CPU into this many logical devices (to run "
                        "MirroredStrategy replicas without GPUs).", **fv)
+  flags.DEFINE_boolean("reduction_server", False, "Vertex pool 2 runs a Reduction Server, not parameter "
+                       "servers: train with MultiWorkerMirroredStrategy over chief and workers.", **fv)
   flags.DEFINE_string("tpu", None, "TPU name or 'local'. Default: $TPU_NAME.", **fv)
   # Outputs.
   flags.DEFINE_string("output_dir", None, "Base output dir: model/, checkpoints/ and logs/ under it, as "
@@ -60,6 +64,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                       "<output_dir>/checkpoints.", **fv)
   flags.DEFINE_string("tensorboard_dir", None, "TensorBoard dir. Default: $AIP_TENSORBOARD_LOG_DIR or "
                       "<output_dir>/logs.", **fv)
+  flags.DEFINE_string("hypertune_metric", None, "Report this eval metric (e.g. accuracy, loss) to Vertex "
+                      "hyperparameter tuning through the hypertune metrics file.", **fv)
   flags.DEFINE_boolean("dry_run", False, "Print the resolved role, strategy and config as one JSON object "
                        "and exit without training.", **fv)
 
@@ -96,6 +102,7 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment) -> 
           schema_path=config_lib.normalize_path(schema_path),
           format=values.data_format,
           shuffle_buffer=values.shuffle_buffer,
+          deterministic=values.deterministic_input,
       ),
       model=config_lib.ModelConfig(name=values.model, hidden_units=hidden_units, dropout=values.dropout),
       train=config_lib.TrainConfig(
@@ -111,11 +118,13 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment) -> 
           log_every_steps=values.log_every_steps,
           checkpoint_every_steps=values.checkpoint_every_steps,
           eval_steps=values.eval_steps,
+          hypertune_metric=values.hypertune_metric,
       ),
       output=config_lib.OutputConfig(model_dir=model_dir, checkpoint_dir=checkpoint_dir,
                                      tensorboard_dir=tensorboard_dir),
       distribution=config_lib.DistributionConfig(
-          strategy=values.strategy, num_cpu_devices=values.num_cpu_devices, tpu=values.tpu or env.tpu_name),
+          strategy=values.strategy, num_cpu_devices=values.num_cpu_devices, tpu=values.tpu or env.tpu_name,
+          reduction_server=values.reduction_server),
       hparams=_parse_hparams(values.hparams),
   )
   config_lib.validate(config)

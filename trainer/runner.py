@@ -20,6 +20,7 @@ from absl import logging
 from trainer import cluster as cluster_lib
 from trainer import config as config_lib
 from trainer import data as data_lib
+from trainer import hypertune
 from trainer import models
 from trainer import schema as schema_lib
 from trainer import storage
@@ -74,6 +75,8 @@ def make_plan(config: config_lib.Config, env: config_lib.Environment, *, num_gpu
               keras_version: str) -> Plan:
   """Pure: resolves role and strategy and checks the combinations that cannot work."""
   role = cluster_lib.resolve_role(tf_config=env.tf_config, cluster_spec=env.cluster_spec)
+  if config.distribution.reduction_server:
+    role = cluster_lib.without_parameter_servers(role)
   devices = strategy_lib.Devices(num_gpus=num_gpus, num_cpu_devices=config.distribution.num_cpu_devices,
                                  tpu=config.distribution.tpu)
   choice = strategy_lib.choose_strategy(role, config.distribution.strategy, devices)
@@ -177,6 +180,9 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
                         "plan": plan.to_dict(config)})
     storage.write_json(config_lib.join_path(exported, METRICS_FILE), metrics)
     logging.info("Exported SavedModel to %s", exported)
+  if role.is_chief and config.train.hypertune_metric:
+    hypertune.report(metrics, metric=config.train.hypertune_metric, trial=role.trial, step=result.final_step,
+                     path=env.hp_metric_file or hypertune.DEFAULT_PATH)
   logging.info("Final metrics: %s", json.dumps(metrics, sort_keys=True))
   return metrics
 

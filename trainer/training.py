@@ -46,7 +46,7 @@ class Job:
         training=split == "train", shuffle_buffer=cfg.data.shuffle_buffer,
         # Under parameter servers every worker reads all files: distinct seeds keep their orders apart.
         seed=None if self.strategy_name == "parameter_server" else cfg.train.seed,
-        csv_header=self.csv_headers.get(split), select=select)
+        csv_header=self.csv_headers.get(split), select=select, deterministic=cfg.data.deterministic)
 
 
 @dataclasses.dataclass

@@ -1,0 +1,212 @@
+"""Build the trainer sdist, stage it to a bucket and submit a Vertex AI job from a cloud_configs/ file.
+
+    python scripts/submit.py --config=cloud_configs/multi_worker_gpu.yaml \\
+        --project=my-project --region=us-central1 --bucket=my-bucket [--args=--train_steps=5000] [--env=K=V]
+    python scripts/submit.py --config=... --dry_run     # print the request and the gcloud command; send nothing
+
+The config is validated (scripts/vertex_config.py) before anything is built or uploaded. A custom-job config
+becomes a CustomJob, an hp-tuning config a HyperparameterTuningJob, submitted through google-cloud-aiplatform's
+JobService; the command then follows the job's state until it ends (--no_follow returns at once).
+Values not given as flags come from the environment (PROJECT, REGION, BUCKET).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import glob
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from scripts import vertex_config  # pylint: disable=wrong-import-position
+
+TERMINAL_STATES = {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED"}
+
+
+class SubmitError(RuntimeError):
+  """A one-line reason the submission cannot go ahead."""
+
+
+def build_sdist(out_dir: str) -> str:
+  """`python setup.py sdist` of the trainer; returns the archive path."""
+  result = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "--formats=gztar", "--dist-dir", out_dir],
+                          cwd=REPO, capture_output=True, text=True, check=False)
+  if result.returncode:
+    raise SubmitError(f"building the sdist failed: {result.stderr.strip().splitlines()[-1:]}")
+  (archive,) = glob.glob(os.path.join(out_dir, "*.tar.gz"))
+  return archive
+
+
+def package_uri(bucket: str, archive: str) -> str:
+  """Content-addressed staging path, so a job always runs exactly the code it was submitted with."""
+  with open(archive, "rb") as f:
+    digest = hashlib.sha256(f.read()).hexdigest()[:12]
+  name = os.path.basename(archive).replace(".tar.gz", f"-{digest}.tar.gz")
+  return f"gs://{bucket}/staging/{name}"
+
+
+def upload(archive: str, uri: str, *, client=None) -> None:
+  from google.cloud import storage  # pylint: disable=g-import-not-at-top
+
+  bucket_name, _, blob_name = uri[len("gs://"):].partition("/")
+  client = client or storage.Client(project=os.environ.get("PROJECT", "local-project"))
+  client.bucket(bucket_name).blob(blob_name).upload_from_filename(archive)
+
+
+def apply_overrides(config: vertex_config.JobConfig, extra_args: list[str], env: dict[str, str]) -> dict:
+  """The job body with extra trainer args and env appended to every trainer pool."""
+  body = copy.deepcopy(config.body)
+  spec = body["trialJobSpec"] if config.kind == "hp_tuning" else body
+  for pool in spec["workerPoolSpecs"]:
+    package = (pool or {}).get("pythonPackageSpec")
+    if not package:
+      continue
+    package["args"] = list(package.get("args", [])) + list(extra_args)
+    existing = [e for e in package.get("env", []) if e["name"] not in env]
+    package["env"] = existing + [{"name": k, "value": v} for k, v in env.items()]
+    if not package["env"]:
+      del package["env"]
+  return body
+
+
+def request_for(kind: str, body: dict, display_name: str) -> dict:
+  """The JSON body of the create request, as the REST API takes it."""
+  if kind == "hp_tuning":
+    return {"displayName": display_name, **body}
+  return {"displayName": display_name, "jobSpec": body}
+
+
+def gcloud_command(kind: str, *, project: str, region: str, display_name: str, config_file: str) -> str:
+  group = "hp-tuning-jobs" if kind == "hp_tuning" else "custom-jobs"
+  return (f"gcloud ai {group} create --project={shlex.quote(project)} --region={shlex.quote(region)} "
+          f"--display-name={shlex.quote(display_name)} --config={shlex.quote(config_file)}")
+
+
+def job_client(region: str, api_endpoint: str | None):
+  from google.cloud import aiplatform_v1  # pylint: disable=g-import-not-at-top
+
+  options: dict[str, Any] = {"api_endpoint": api_endpoint or f"{region}-aiplatform.googleapis.com"}
+  kwargs: dict[str, Any] = {"client_options": options}
+  if api_endpoint and api_endpoint.startswith("http://"):
+    # A local endpoint (tests, fakes): anonymous, plain HTTP REST.
+    from google.auth.credentials import AnonymousCredentials  # pylint: disable=g-import-not-at-top
+    kwargs.update(credentials=AnonymousCredentials(), transport="rest")
+  return aiplatform_v1.JobServiceClient(**kwargs)
+
+
+def create_job(client, kind: str, parent: str, request: dict):
+  from google.cloud import aiplatform_v1  # pylint: disable=g-import-not-at-top
+  from google.protobuf import json_format  # pylint: disable=g-import-not-at-top
+
+  if kind == "hp_tuning":
+    job = aiplatform_v1.HyperparameterTuningJob()
+    json_format.ParseDict(request, job._pb)  # pylint: disable=protected-access
+    return client.create_hyperparameter_tuning_job(parent=parent, hyperparameter_tuning_job=job)
+  job = aiplatform_v1.CustomJob()
+  json_format.ParseDict(request, job._pb)  # pylint: disable=protected-access
+  return client.create_custom_job(parent=parent, custom_job=job)
+
+
+def follow(client, kind: str, name: str, *, poll_secs: float, timeout_secs: float) -> str:
+  get = client.get_hyperparameter_tuning_job if kind == "hp_tuning" else client.get_custom_job
+  deadline = time.monotonic() + timeout_secs
+  last = None
+  while True:
+    state = get(name=name).state.name
+    if state != last:
+      print(f"{time.strftime('%H:%M:%S')} {name}: {state}", flush=True)
+      last = state
+    if state in TERMINAL_STATES or time.monotonic() > deadline:
+      return state
+    time.sleep(poll_secs)
+
+
+def parse_env(pairs: list[str]) -> dict[str, str]:
+  env = {}
+  for pair in pairs:
+    key, sep, value = pair.partition("=")
+    if not sep or not key:
+      raise SubmitError(f"--env expects KEY=VALUE, got {pair!r}")
+    env[key] = value
+  return env
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--config", required=True, help="a file in cloud_configs/")
+  parser.add_argument("--project", default=os.environ.get("PROJECT"))
+  parser.add_argument("--region", default=os.environ.get("REGION", "us-central1"))
+  parser.add_argument("--bucket", default=os.environ.get("BUCKET"), help="staging and output bucket (no gs://)")
+  parser.add_argument("--display_name", default=None)
+  parser.add_argument("--run_id", default=None, help="fills ${RUN_ID} (default: time stamp)")
+  parser.add_argument("--args", action="append", default=[], help="extra trainer arg (repeatable)")
+  parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for every trainer replica")
+  parser.add_argument("--image", default=None, help="override both CPU and GPU executor images")
+  parser.add_argument("--dry_run", action="store_true", help="print the request and gcloud command; send nothing")
+  parser.add_argument("--no_follow", action="store_true")
+  parser.add_argument("--api_endpoint", default=os.environ.get("VERTEX_API_ENDPOINT"), help=argparse.SUPPRESS)
+  parser.add_argument("--poll_secs", type=float, default=30.0)
+  parser.add_argument("--timeout_secs", type=float, default=7 * 24 * 3600)
+  args = parser.parse_args(argv)
+  try:
+    return _submit(args)
+  except (SubmitError, vertex_config.ConfigError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+
+
+def _submit(args) -> int:
+  if not args.project:
+    raise SubmitError("--project is required (or set PROJECT)")
+  if not args.bucket:
+    raise SubmitError("--bucket is required (or set BUCKET): the sdist is staged there")
+  if args.bucket.startswith("gs://"):
+    args.bucket = args.bucket[len("gs://"):].rstrip("/")
+  run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S")
+  display_name = args.display_name or f"{os.path.splitext(os.path.basename(args.config))[0]}-{run_id}"
+  env = parse_env(args.env)
+  with tempfile.TemporaryDirectory(prefix="submit-") as scratch:
+    # Validate with a placeholder package first: a bad config fails before anything is built or uploaded.
+    values = vertex_config.values_from(os.environ, project=args.project, region=args.region, bucket=args.bucket,
+                                       run_id=run_id, cpu_image=args.image, gpu_image=args.image)
+    vertex_config.load(args.config, {**values, "PACKAGE_URI": f"gs://{args.bucket}/staging/pending.tar.gz"})
+    archive = build_sdist(scratch)
+    uri = package_uri(args.bucket, archive)
+    config = vertex_config.load(args.config, {**values, "PACKAGE_URI": uri})
+    body = apply_overrides(config, args.args, env)
+    request = request_for(config.kind, body, display_name)
+    parent = f"projects/{args.project}/locations/{args.region}"
+    if args.dry_run:
+      rendered = os.path.join(tempfile.gettempdir(), f"{display_name}.yaml")
+      import yaml  # pylint: disable=g-import-not-at-top
+      with open(rendered, "w") as f:
+        yaml.safe_dump(body, f, sort_keys=False)
+      print(json.dumps({"parent": parent, "package": {"local": "(built at submit time)", "uri": uri},
+                        "request": request}, indent=2))
+      print(f"# config written to {rendered}; upload the sdist to {uri}, then:")
+      print(gcloud_command(config.kind, project=args.project, region=args.region, display_name=display_name,
+                           config_file=rendered))
+      return 0
+    upload(archive, uri)
+    print(f"staged {os.path.basename(archive)} -> {uri}", flush=True)
+    client = job_client(args.region, args.api_endpoint)
+    job = create_job(client, config.kind, parent, request)
+    print(f"submitted {job.name}", flush=True)
+    if args.no_follow:
+      return 0
+    state = follow(client, config.kind, job.name, poll_secs=args.poll_secs, timeout_secs=args.timeout_secs)
+    return 0 if state == "JOB_STATE_SUCCEEDED" else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,94 @@
+"""A local stand-in for Vertex AI's REST control plane (the one thing that cannot run here).
+
+It records every request and answers like the real API enough for the clients to proceed: creates return the
+resource with a name, gets walk a job through RUNNING to SUCCEEDED. Nothing else is emulated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import itertools
+import json
+import re
+import threading
+from typing import Iterator
+
+
+class FakeVertex:
+  def __init__(self):
+    self.requests: list[dict] = []
+    self.resources: dict[str, dict] = {}
+    self._ids = itertools.count(1000)
+    self._gets: dict[str, int] = {}
+    self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+    self.port = self._server.server_address[1]
+    self.endpoint = f"http://127.0.0.1:{self.port}"
+    self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+  def created(self, collection: str) -> list[dict]:
+    """Bodies of the POSTs that created resources of `collection` (customJobs, pipelineJobs, schedules...)."""
+    return [r["body"] for r in self.requests if r["method"] == "POST" and r["collection"] == collection]
+
+  def _handler(self):
+    fake = self
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+      def log_message(self, *args):  # quiet
+        pass
+
+      def _reply(self, code: int, value: dict) -> None:
+        payload = json.dumps(value).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+      def do_POST(self):  # noqa: N802
+        length = int(self.headers.get("Content-Length", 0))
+        body = json.loads(self.rfile.read(length) or b"{}")
+        path = self.path.split("?")[0]
+        match = re.match(r"^/v1(?:beta1)?/(projects/[^/]+/locations/[^/]+)/(\w+)$", path)
+        if not match:
+          return self._reply(404, {"error": {"code": 404, "message": f"no route {path}"}})
+        collection = match.group(2)
+        fake.requests.append({"method": "POST", "path": self.path, "collection": collection, "body": body})
+        name = f"{match.group(1)}/{collection}/{next(fake._ids)}"
+        resource = {**body, "name": name}
+        if collection in ("customJobs", "hyperparameterTuningJobs", "pipelineJobs"):
+          resource["state"] = "PIPELINE_STATE_PENDING" if collection == "pipelineJobs" else "JOB_STATE_PENDING"
+        if collection == "schedules":
+          resource["state"] = "ACTIVE"
+        fake.resources[name] = resource
+        return self._reply(200, resource)
+
+      def do_GET(self):  # noqa: N802
+        name = self.path.split("?")[0][len("/v1/"):]
+        fake.requests.append({"method": "GET", "path": self.path, "collection": None, "body": None})
+        resource = fake.resources.get(name)
+        if resource is None:
+          return self._reply(404, {"error": {"code": 404, "message": f"{name} not found"}})
+        seen = fake._gets[name] = fake._gets.get(name, 0) + 1
+        if "state" in resource and resource["state"].startswith("JOB_STATE"):
+          resource["state"] = "JOB_STATE_RUNNING" if seen < 2 else "JOB_STATE_SUCCEEDED"
+        return self._reply(200, resource)
+
+    return Handler
+
+  def start(self) -> "FakeVertex":
+    self._thread.start()
+    return self
+
+  def stop(self) -> None:
+    self._server.shutdown()
+    self._server.server_close()
+
+
+@contextlib.contextmanager
+def running() -> Iterator[FakeVertex]:
+  fake = FakeVertex().start()
+  try:
+    yield fake
+  finally:
+    fake.stop()

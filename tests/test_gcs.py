@@ -1,0 +1,163 @@
+"""Cloud Storage through the emulator: TensorFlow's native gs:// (via the TLS proxy) and
+google-cloud-storage, training and exporting on gs://, resume, injected faults, and bad URIs."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import procs
+from scripts import check_model
+from scripts import gcs_emulator
+from scripts import stage_data
+
+
+def test_gfile_read_write_glob_stat(gcs):
+  path = "gs://test-bucket/gfile/hello.txt"
+  with tf.io.gfile.GFile(path, "w") as f:
+    f.write("hello " * 1000)
+  assert tf.io.gfile.exists(path)
+  assert tf.io.gfile.stat(path).length == 6000
+  assert tf.io.gfile.glob("gs://test-bucket/gfile/*.txt") == [path]
+  with tf.io.gfile.GFile(path) as f:
+    assert f.read() == "hello " * 1000
+  from google.cloud import storage  # pylint: disable=g-import-not-at-top
+  names = [b.name for b in storage.Client(project="p").list_blobs("test-bucket", prefix="gfile/")]
+  assert names == ["gfile/hello.txt"]  # the same object seen by the Python client
+  assert not tf.io.gfile.exists("gs://test-bucket/gfile/absent.txt")
+
+
+def _gcs_args(data, out, *extra):
+  return [f"--train_data={data}/train/*.tfrecord", f"--eval_data={data}/eval/*.tfrecord", f"--output_dir={out}",
+          "--global_batch_size=64", *extra]
+
+
+def _metrics(model_dir):
+  with tf.io.gfile.GFile(f"{model_dir}/eval_metrics.json") as f:
+    return json.load(f)
+
+
+def test_train_from_gcs_and_serve_the_export_from_gcs(gcs, gcs_churn):
+  out = "gs://test-bucket/runs/single"
+  result = procs.run_trainer(_gcs_args(gcs_churn, out, "--train_steps=300"), env=gcs.env)
+  assert result.returncode == 0, result.stderr[-3000:]
+  metrics = _metrics(f"{out}/model")
+  assert metrics["final_step"] == 300 and metrics["eval_accuracy"] > 0.85
+  assert tf.io.gfile.glob(f"{out}/logs/train/events.out.tfevents.*")
+  assert tf.io.gfile.exists(f"{out}/checkpoints/checkpoint")
+  served = check_model.predict_eval(f"{out}/model", f"{gcs_churn}/eval/*.tfrecord")
+  assert served["examples"] == 1000
+  assert abs(served["accuracy"] - metrics["eval_accuracy"]) < 0.03
+
+
+def test_export_reloaded_from_gcs_predicts_like_the_model(gcs, churn_data):
+  from trainer import config as config_lib  # pylint: disable=g-import-not-at-top
+  from trainer import data, export, models, schema as schema_lib  # pylint: disable=g-import-not-at-top
+  schema = schema_lib.load_schema(f"{churn_data}/train/schema.json")
+  model = models.build_tabular(schema, config_lib.ModelConfig(hidden_units=(8,)))
+  raw = {"tenure_months": tf.constant([1.0, 40.0, 7.5]), "monthly_charges": tf.constant([20.0, 90.0, 70.0]),
+         "support_calls": tf.constant([0.0, 3.0, 1.0]), "plan": tf.constant(["pro", "basic", "gold"]),
+         "region": tf.constant(["east", "west", "north"])}
+  expected = tf.nn.softmax(model(data.FeatureEncoder(schema).encode(raw))).numpy()
+  export.export_saved_model(model, schema, "gs://test-bucket/exports/reload")
+  served = tf.saved_model.load("gs://test-bucket/exports/reload").signatures["serving_default"](**raw)
+  np.testing.assert_allclose(served["probabilities"].numpy(), expected, rtol=1e-6)
+
+
+def test_multi_worker_reads_and_exports_gcs(gcs, gcs_churn, tmp_path):
+  out = "gs://test-bucket/runs/mwms"
+  chief, worker = procs.addresses(2)
+  cluster = {"chief": [chief], "worker": [worker]}
+  args = _gcs_args(gcs_churn, out, "--train_steps=60", "--checkpoint_every_steps=30")
+  with procs.cluster(str(tmp_path)) as c:
+    c.start("chief", args, {**gcs.env, "TF_CONFIG": procs.tf_config(cluster, "chief", 0)})
+    c.start("worker", args, {**gcs.env, "TF_CONFIG": procs.tf_config(cluster, "worker", 0)})
+    codes = c.wait(["chief", "worker"], 300)
+    assert codes == {"chief": 0, "worker": 0}, c.log("chief")[-2000:] + c.log("worker")[-2000:]
+    digests = [re.findall(r'"weights_sha256": "(\w+)"', c.log(n))[-1] for n in ("chief", "worker")]
+  assert digests[0] == digests[1]
+  metrics = _metrics(f"{out}/model")
+  assert metrics["strategy"] == "MultiWorkerMirroredStrategy" and metrics["num_replicas"] == 2
+  assert tf.io.gfile.glob(f"{out}/**/saved_model.pb") == [f"{out}/model/saved_model.pb"]
+
+
+def test_gcs_checkpoints_resume_a_killed_run(gcs, gcs_churn):
+  out = "gs://test-bucket/runs/resume"
+  args = _gcs_args(gcs_churn, out, "--train_steps=4000", "--checkpoint_every_steps=500", "--steps_per_loop=50",
+                   "--global_batch_size=32", "--eval_steps=5")
+  proc = subprocess.Popen(procs.trainer_cmd(args), env=procs.trainer_env(gcs.env), cwd=procs.REPO,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+  try:
+    deadline = time.monotonic() + 180
+    while not tf.io.gfile.exists(f"{out}/checkpoints/checkpoint"):
+      assert proc.poll() is None, "trainer ended before its first checkpoint"
+      assert time.monotonic() < deadline
+      time.sleep(0.1)
+  finally:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+  assert not tf.io.gfile.exists(f"{out}/model/saved_model.pb")
+  result = procs.run_trainer(args, env=gcs.env)
+  assert result.returncode == 0, result.stderr[-3000:]
+  metrics = _metrics(f"{out}/model")
+  assert metrics["resumed_from_step"] >= 500 and metrics["final_step"] == 4000
+
+
+def test_injected_transient_failures_do_not_change_the_result(gcs, gcs_churn, churn_data, tmp_path):
+  flaky_dir = tmp_path / "flaky"
+  args = ["--train_steps=100", "--checkpoint_every_steps=50", "--deterministic_input", "--shuffle_buffer=0",
+          "--eval_steps=5"]
+  clean = procs.run_trainer(_gcs_args(gcs_churn, "gs://test-bucket/runs/clean", *args), env=gcs.env)
+  assert clean.returncode == 0, clean.stderr[-3000:]
+  flaky = gcs_emulator.start(buckets=("flaky-bucket",), fail_rate=0.1, seed=3, directory=str(flaky_dir))
+  try:
+    for split in ("train", "eval"):  # staged with google-cloud-storage straight to the emulator, no faults
+      stage_data.upload_tree(f"{churn_data}/{split}", f"gs://flaky-bucket/churn/{split}",
+                             client=flaky.storage_client())
+    result = procs.run_trainer(_gcs_args("gs://flaky-bucket/churn", "gs://flaky-bucket/runs/flaky", *args),
+                               env=flaky.env)
+  finally:
+    flaky.stop()
+  assert result.returncode == 0, result.stderr[-3000:]
+  with open(flaky_dir / "gcs-proxy.log") as f:
+    stats = json.loads(f.read().strip().splitlines()[-1])
+  assert stats["injected"] >= 5, stats  # failures really happened, and were retried
+  digest = lambda text: re.findall(r'"weights_sha256": "(\w+)"', text)[-1]  # noqa: E731
+  assert digest(result.stderr) == digest(clean.stderr)
+
+
+@pytest.mark.parametrize("pattern,message", [
+    ("gs://no-such-bucket/data/*.tfrecord", r"^error: --train_data: no files match 'gs://no-such-bucket/data/"),
+    ("gs://test-bucket/nothing-here/*.tfrecord", r"^error: --train_data: no files match 'gs://test-bucket/nothing"),
+])
+def test_missing_bucket_or_object_names_the_uri(gcs, pattern, message):
+  result = procs.run_trainer([f"--train_data={pattern}", "--output_dir=gs://test-bucket/runs/bad"], env=gcs.env)
+  assert result.returncode == 2
+  assert re.search(message, result.stderr, re.M), result.stderr[-2000:]
+
+
+def test_missing_schema_object_names_the_uri(gcs, gcs_churn):
+  result = procs.run_trainer([f"--train_data={gcs_churn}/train/*.tfrecord", "--schema=gs://test-bucket/nope.json",
+                              "--output_dir=gs://test-bucket/runs/bad"], env=gcs.env)
+  assert result.returncode == 2
+  assert "error: --schema: file gs://test-bucket/nope.json not found" in result.stderr
+
+
+def test_emulator_down_fails_within_bounded_time(tmp_path):
+  emulator = gcs_emulator.start(buckets=("gone",), directory=str(tmp_path / "gone"))
+  env = emulator.env
+  emulator.stop()
+  started = time.monotonic()
+  result = procs.run_trainer(["--train_data=gs://gone/data/*.tfrecord", "--output_dir=gs://gone/out"], env=env,
+                             timeout=180)
+  elapsed = time.monotonic() - started
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert re.search(r"^error: --train_data: cannot list gs://gone/data/\*\.tfrecord: ", result.stderr, re.M), \
+      result.stderr[-2000:]
+  assert elapsed < 120
