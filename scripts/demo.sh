@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The main job end to end on this machine, against emulated Cloud Storage (no cloud account):
-#   start the emulator -> stage the demo data to gs:// -> train from gs:// -> export to gs://
+# The main job end to end on this machine, as Vertex AI would run it, against emulated Cloud Storage
+# (no cloud account):
+#   start the emulator -> stage the demo data to gs:// -> run cloud_configs/multi_worker_gpu.yaml locally
+#   (chief + 1 worker, each with 2 "GPUs") from the staged sdist -> export to gs://
 #   -> load the exported model from gs:// and predict the eval split.
 # Fails unless the served model reaches the accuracy threshold below.
 set -euo pipefail
@@ -17,9 +19,8 @@ PY
 source "$EMULATOR_DIR/env.sh"
 trap 'kill $EMULATOR_PIDS 2>/dev/null || true; rm -rf "$EMULATOR_DIR"' EXIT
 
-BUCKET=gs://demo-bucket
-"$VENV/bin/python" scripts/stage_data.py --demo --destination=$BUCKET/data
-"$VENV/bin/python" -m trainer.task --train_data="$BUCKET/data/train/*.tfrecord" \
-  --eval_data="$BUCKET/data/eval/*.tfrecord" --output_dir=$BUCKET/run --train_steps=1000 --global_batch_size=256
-"$VENV/bin/python" scripts/check_model.py --model_dir=$BUCKET/run/model --eval_data="$BUCKET/data/eval/*.tfrecord" \
-  --min_accuracy=0.88
+"$VENV/bin/python" scripts/stage_data.py --demo --destination=gs://demo-bucket/data
+"$VENV/bin/python" scripts/local_vertex.py --config=cloud_configs/multi_worker_gpu.yaml --bucket=demo-bucket \
+  --run_id=demo --replica_count=1=1 --args=--train_steps=600 --args=--global_batch_size=256
+"$VENV/bin/python" scripts/check_model.py --model_dir=gs://demo-bucket/runs/demo/model \
+  --eval_data="gs://demo-bucket/data/eval/*.tfrecord" --min_accuracy=0.88

@@ -390,6 +390,8 @@ def start(*, buckets: tuple[str, ...] = (), fail_rate: float = 0.0, seed: int = 
     if gcs is None:
       raise RuntimeError("fake-gcs-server could not bind a port on 127.0.0.1 (see fake-gcs-server.log)")
     ready = os.path.join(directory, "proxy.port")
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(ready)  # a stale file from an earlier run would name a dead port
     with open(os.path.join(log_dir, "gcs-proxy.log"), "ab") as log:
       proxy = subprocess.Popen(
           [sys.executable, os.path.abspath(__file__), "proxy", "--upstream_port", str(gcs_port), "--cert", cert,

@@ -82,7 +82,8 @@ PS = json.dumps({"cluster": {"chief": ["a:1"], "worker": ["b:1"], "ps": ["c:1"]}
 def test_plan_reports_replicas(parse):
   plan = _plan(parse, "--num_cpu_devices=2", "--global_batch_size=64", env={"TF_CONFIG": MULTI})
   assert plan.choice.class_name == "MultiWorkerMirroredStrategy"
-  assert runner.replicas(plan) == 4
+  assert runner.replicas(plan) == 2  # on CPU each worker is one replica, logical devices or not
+  assert runner.replicas(_plan(parse, "--global_batch_size=64", env={"TF_CONFIG": MULTI}, num_gpus=4)) == 8
 
 
 @pytest.mark.parametrize("args,env,keras,message", [

@@ -11,12 +11,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import re
 import sys
 from typing import Any, TextIO
 
 from absl import logging
 
+from trainer import __version__ as trainer_version
 from trainer import cluster as cluster_lib
 from trainer import config as config_lib
 from trainer import data as data_lib
@@ -65,7 +67,8 @@ def replicas(plan: Plan) -> int:
   """Replicas that share one global batch step."""
   name = plan.choice.name
   if name == "multi_worker_mirrored":
-    return plan.role.num_workers * plan.devices.local_replicas
+    # MultiWorkerMirroredStrategy uses each worker's GPUs, or one CPU device: logical CPUs do not count.
+    return plan.role.num_workers * max(1, plan.devices.num_gpus)
   if name in ("mirrored", "parameter_server"):
     return plan.devices.local_replicas
   return 1
@@ -115,6 +118,7 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
     stdout.flush()
     return {}
   role = plan.role
+  logging.info("Trainer %s from %s", trainer_version, os.path.dirname(os.path.abspath(__file__)))
   logging.info("Role: %s:%d of %s (chief=%s, %d training process(es), %d ps; from %s)", role.task_type,
                role.task_index, role.tf_cluster_dict() or "no cluster", role.is_chief, role.num_workers,
                role.num_ps, role.source)

@@ -1,0 +1,157 @@
+"""Local Vertex: cloud_configs jobs run replica by replica on this machine against the emulator."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import procs
+from scripts import local_vertex
+from scripts import stage_data
+from scripts import vertex_config
+from trainer import cluster
+
+VALUES = {"PROJECT": "p", "REGION": "r", "BUCKET": "b", "PACKAGE_URI": "gs://b/s/t.tar.gz", "RUN_ID": "x"}
+
+
+def _config(name):
+  return vertex_config.load(os.path.join(procs.REPO, "cloud_configs", name), VALUES).body
+
+
+def test_each_replica_sees_vertex_contract(tmp_path):
+  body = _config("parameter_server.yaml")
+  replicas = local_vertex.plan_replicas(body, job_id="j1", job_dir=str(tmp_path), ports=list(range(7000, 7004)),
+                                        extra_env={})
+  assert [r.name for r in replicas] == ["workerpool0-0", "workerpool1-0", "workerpool1-1", "workerpool2-0"]
+  for replica in replicas:
+    from_tf_config = cluster.parse_tf_config(replica.env["TF_CONFIG"])
+    from_cluster_spec = cluster.parse_cluster_spec(replica.env["CLUSTER_SPEC"])
+    assert from_tf_config == dataclass_without_source(from_cluster_spec, from_tf_config.source)
+    assert (from_tf_config.task_type, from_tf_config.task_index) == (replica.task_type, replica.index)
+    assert from_tf_config.tf_cluster_dict() == {"chief": ["127.0.0.1:7000"],
+                                                "worker": ["127.0.0.1:7001", "127.0.0.1:7002"],
+                                                "ps": ["127.0.0.1:7003"]}
+    assert replica.env["AIP_MODEL_DIR"] == "gs://b/runs/x/model/"
+    assert replica.env["AIP_CHECKPOINT_DIR"] == "gs://b/runs/x/checkpoints/"
+    assert replica.env["AIP_TENSORBOARD_LOG_DIR"] == "gs://b/runs/x/logs/"
+    assert replica.env["CLOUD_ML_JOB_ID"] == "j1"
+
+
+def dataclass_without_source(role, source):
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  return dataclasses.replace(role, source=source)
+
+
+def test_accelerators_become_logical_devices(tmp_path):
+  replicas = local_vertex.plan_replicas(_config("single_multi_gpu.yaml"), job_id="j", job_dir=str(tmp_path),
+                                        ports=[7100], extra_env={})
+  assert replicas[0].args[-1] == "--num_cpu_devices=4"
+
+
+def test_evaluator_pool_is_not_in_tf_config(tmp_path):
+  body = _config("single_cpu.yaml")
+  body["workerPoolSpecs"] += [{}, {}, json.loads(json.dumps(body["workerPoolSpecs"][0]))]
+  replicas = local_vertex.plan_replicas(body, job_id="j", job_dir=str(tmp_path), ports=[7200, 7201], extra_env={})
+  evaluator = replicas[-1]
+  assert evaluator.task_type == "evaluator"
+  tf_config = json.loads(evaluator.env["TF_CONFIG"])
+  assert tf_config["task"] == {"type": "evaluator", "index": 0} and "evaluator" not in tf_config["cluster"]
+  assert "workerpool3" in json.loads(evaluator.env["CLUSTER_SPEC"])["cluster"]
+
+
+@pytest.fixture(scope="module")
+def staged(gcs, churn_data):
+  for split in ("train", "eval"):
+    stage_data.upload_tree(f"{churn_data}/{split}", f"gs://test-bucket/data/{split}")
+  return "test-bucket"
+
+
+def _children_of(job_dir):
+  out = subprocess.run(["pgrep", "-f", job_dir], capture_output=True, text=True, check=False).stdout
+  return [p for p in out.split() if int(p) != os.getpid()]
+
+
+def _run(tmp_path, *args):
+  job_dir = str(tmp_path / "job")
+  code = local_vertex.main([*args, "--bucket=test-bucket", f"--job_dir={job_dir}", "--quiet",
+                            "--timeout_secs=400"])
+  assert not _children_of(job_dir)  # no process is left behind
+  return code, job_dir
+
+
+@pytest.mark.parametrize("config,extra,strategy,replicas", [
+    ("single_cpu.yaml", [], "default", 1),
+    # On CPU, MultiWorkerMirroredStrategy runs one replica per worker whatever the logical devices.
+    ("multi_worker_gpu.yaml", ["--replica_count=1=1"], "MultiWorkerMirroredStrategy", 2),
+    ("parameter_server.yaml", ["--replica_count=1=1"], "ParameterServerStrategy", 1),
+])
+def test_local_run_end_to_end(staged, tmp_path, capsys, config, extra, strategy, replicas):
+  code, job_dir = _run(tmp_path, f"--config=cloud_configs/{config}", "--run_id=" + config.split(".")[0], *extra,
+                       "--args=--train_steps=60", "--args=--global_batch_size=64", "--args=--eval_steps=4")
+  out = capsys.readouterr().out
+  assert code == 0, out + open(f"{job_dir}/workerpool0-0.log").read()[-3000:]
+  assert "eval metrics:" in out and f"model: gs://test-bucket/runs/{config.split('.')[0]}/model/" in out
+  chief_log = open(f"{job_dir}/workerpool0-0.log").read()
+  assert f'"strategy": "{strategy}"' in chief_log and f'"num_replicas": {replicas}' in chief_log
+  assert "from TF_CONFIG" in chief_log
+  assert f"from {job_dir}/site/trainer\n" in chief_log  # the package installed from the bucket ran
+
+
+def test_crashing_replica_fails_the_job_quickly(staged, gcs, tmp_path):
+  job_dir = str(tmp_path / "job")
+  job = subprocess.Popen(
+      [sys.executable, "scripts/local_vertex.py", "--config=cloud_configs/multi_worker_gpu.yaml",
+       "--replica_count=1=1", "--args=--train_steps=100000", "--args=--log_every_steps=10", "--bucket=test-bucket",
+       f"--job_dir={job_dir}", "--quiet", "--timeout_secs=400"],
+      cwd=procs.REPO, env=procs.trainer_env(gcs.env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      start_new_session=True)
+  try:
+    deadline = time.monotonic() + 240
+    log = f"{job_dir}/workerpool0-0.log"
+    while not (os.path.exists(log) and "step 10/" in open(log).read()):
+      assert time.monotonic() < deadline and job.poll() is None, "training never started"
+      time.sleep(0.2)
+    for pid in subprocess.run(["pgrep", "-f", "trainer.task"], capture_output=True, text=True).stdout.split():
+      with open(f"/proc/{pid}/environ", "rb") as f:
+        if b'"type": "workerpool1"' in f.read():
+          os.kill(int(pid), 9)  # the worker crashes
+    killed_at = time.monotonic()
+    out, err = job.communicate(timeout=120)
+  finally:
+    if job.poll() is None:
+      os.killpg(job.pid, 9)
+      job.wait()
+  assert time.monotonic() - killed_at < 60
+  assert job.returncode == 2
+  assert "workerpool1-0 (worker) failed with exit code -9" in err, err[-2000:]
+  assert "--- last lines of workerpool1-0" in err
+  assert not _children_of(job_dir)
+
+
+def test_bad_inputs_start_nothing(staged, tmp_path, capsys):
+  bad = tmp_path / "bad.yaml"
+  bad.write_text(open(os.path.join(procs.REPO, "cloud_configs", "single_cpu.yaml")).read()
+                 .replace("pythonModule: trainer.task", "pythonModule: trainer.nope"))
+  cases = [
+      ([f"--config={bad}"], r"pythonModule is 'trainer.nope'; the package provides trainer.task"),
+      (["--config=cloud_configs/single_cpu.yaml", "--args=--no_such_flag=1"],
+       r"workerpool0-0: trainer args rejected: Unknown command line flag 'no_such_flag'"),
+      (["--config=cloud_configs/single_cpu.yaml", "--replica_count=0=2"], r"--replica_count='0=2': expected"),
+  ]
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    taken = s.getsockname()[1]
+    cases.append((["--config=cloud_configs/single_cpu.yaml", f"--base_port={taken}"],
+                  rf"--base_port={taken}: port {taken} on 127.0.0.1 cannot be bound"))
+    import re  # pylint: disable=g-import-not-at-top
+    for args, message in cases:
+      job_dir = tmp_path / f"job{len(args)}{abs(hash(message))}"
+      code = local_vertex.main([*args, "--bucket=test-bucket", f"--job_dir={job_dir}", "--quiet"])
+      err = capsys.readouterr().err
+      assert code == 2 and re.search(message, err), (args, err)
+      assert not os.path.exists(job_dir / "workerpool0-0.log")  # nothing started
+      assert not _children_of(str(job_dir))
