@@ -80,3 +80,45 @@ def test_sidecar_evaluator_follows_the_chief(churn_data, tmp_path):
   assert "Strategy: default (evaluator task" in log
   assert "Evaluator: step 300 " in log
   assert saved_models(tmp_path) == [str(out / "model")]
+
+
+def test_fit_under_multi_worker_with_legacy_keras(churn_data, tmp_path):
+  """Keras 3's fit breaks under MultiWorkerMirroredStrategy; tf_keras (TF_USE_LEGACY_KERAS=1) runs it."""
+  out = tmp_path / "out"
+  chief, worker = procs.addresses(2)
+  cluster = {"chief": [chief], "worker": [worker]}
+  args = args_for(churn_data, out, "--loop=fit", "--train_steps=100", "--checkpoint_every_steps=50",
+                  "--steps_per_loop=10")
+  legacy = {"TF_USE_LEGACY_KERAS": "1"}
+  with procs.cluster(str(tmp_path)) as c:
+    c.start("chief", args, {**legacy, "TF_CONFIG": procs.tf_config(cluster, "chief", 0)})
+    c.start("worker", args, {**legacy, "TF_CONFIG": procs.tf_config(cluster, "worker", 0)})
+    codes = c.wait(["chief", "worker"], TIMEOUT)
+    assert codes == {"chief": 0, "worker": 0}, c.log("chief")[-3000:] + c.log("worker")[-3000:]
+    chief_log, worker_log = c.log("chief"), c.log("worker")
+  assert "Keras 2.21" in chief_log  # tf_keras really was the Keras in use
+  assert digest(chief_log) == digest(worker_log)
+  with open(out / "model" / "eval_metrics.json") as f:
+    metrics = json.load(f)
+  assert metrics["strategy"] == "MultiWorkerMirroredStrategy" and metrics["final_step"] == 100
+  assert metrics["eval_accuracy"] > 0.8
+  assert saved_models(tmp_path) == [str(out / "model")]
+
+
+def test_fit_under_parameter_servers_with_legacy_keras(churn_data, tmp_path):
+  out = tmp_path / "out"
+  chief, worker, ps = procs.addresses(3)
+  cluster = {"chief": [chief], "worker": [worker], "ps": [ps]}
+  args = args_for(churn_data, out, "--loop=fit", "--train_steps=100", "--checkpoint_every_steps=50",
+                  "--steps_per_loop=10")
+  legacy = {"TF_USE_LEGACY_KERAS": "1"}
+  with procs.cluster(str(tmp_path)) as c:
+    c.start("ps", args, {**legacy, "TF_CONFIG": procs.tf_config(cluster, "ps", 0)})
+    c.start("worker", args, {**legacy, "TF_CONFIG": procs.tf_config(cluster, "worker", 0)})
+    c.start("chief", args, {**legacy, "TF_CONFIG": procs.tf_config(cluster, "chief", 0)})
+    codes = c.wait(["chief"], TIMEOUT)
+    assert codes == {"chief": 0}, c.log("chief")[-3000:]
+  with open(out / "model" / "eval_metrics.json") as f:
+    metrics = json.load(f)
+  assert metrics["strategy"] == "ParameterServerStrategy" and metrics["final_step"] == 100
+  assert metrics["eval_accuracy"] > 0.8

@@ -18,6 +18,18 @@ from trainer import schema as schema_lib
 from trainer.errors import UserError
 
 
+def keras_version() -> str:
+  """The version of the Keras behind `tf.keras`: Keras 3, or tf_keras 2.x with TF_USE_LEGACY_KERAS=1."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  version = getattr(tf.keras, "__version__", None)
+  if version:
+    return version
+  import tf_keras  # pylint: disable=g-import-not-at-top  (tf.keras is tf_keras, which keeps it here)
+
+  return tf_keras.__version__
+
+
 def resolve_builder(name: str) -> Callable[..., Any]:
   """Returns a `build(schema, model_config, hparams)` callable; import errors become UserError."""
   if name == "tabular":

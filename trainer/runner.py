@@ -112,7 +112,7 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   num_gpus = len(tf.config.list_physical_devices("GPU"))
-  plan = make_plan(config, env, num_gpus=num_gpus, keras_version=tf.keras.__version__)
+  plan = make_plan(config, env, num_gpus=num_gpus, keras_version=models.keras_version())
   if dry_run:
     stdout.write(json.dumps(plan.to_dict(config), sort_keys=True) + "\n")
     stdout.flush()

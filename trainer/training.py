@@ -319,11 +319,11 @@ def fit_loop(job: Job) -> TrainResult:
   strategy = job.strategy
   objective = Objective(job.schema)
   steps_per_execution = cfg.steps_per_loop
-  if strategy.num_replicas_in_sync > 1 and tf.keras.__version__.startswith("3."):
+  if strategy.num_replicas_in_sync > 1 and models.keras_version().startswith("3."):
     # Keras 3 fails under mirrored strategies with steps_per_execution > 1 ("You must feed a value for
     # placeholder tensor ... while/cond"), measured with Keras 3.15.1 / TF 2.21.
     logging.info("fit: steps_per_execution=1 (Keras %s cannot run several steps per call under %d replicas)",
-                 tf.keras.__version__, strategy.num_replicas_in_sync)
+                 models.keras_version(), strategy.num_replicas_in_sync)
     steps_per_execution = 1
   with strategy.scope():
     model = job.build_model()
