@@ -155,3 +155,37 @@ def test_bad_inputs_start_nothing(staged, tmp_path, capsys):
       assert code == 2 and re.search(message, err), (args, err)
       assert not os.path.exists(job_dir / "workerpool0-0.log")  # nothing started
       assert not _children_of(str(job_dir))
+
+
+def test_restarted_replica_resumes_from_its_checkpoint(staged, gcs, tmp_path):
+  """--restart_failed restarts a crashed replica as Vertex does; checkpoints in the bucket make it resume."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  job_dir = str(tmp_path / "job")
+  base = "gs://test-bucket/runs/restart"
+  job = subprocess.Popen(
+      [sys.executable, "scripts/local_vertex.py", "--config=cloud_configs/single_cpu.yaml", "--run_id=restart",
+       "--restart_failed=1", "--args=--train_steps=3000", "--args=--checkpoint_every_steps=500",
+       "--args=--global_batch_size=32", "--args=--eval_steps=4", "--bucket=test-bucket", f"--job_dir={job_dir}",
+       "--quiet", "--timeout_secs=400"],
+      cwd=procs.REPO, env=procs.trainer_env(gcs.env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      start_new_session=True)
+  try:
+    deadline = time.monotonic() + 240
+    while not tf.io.gfile.exists(f"{base}/checkpoints/checkpoint"):
+      assert time.monotonic() < deadline and job.poll() is None, "no checkpoint before the deadline"
+      time.sleep(0.2)
+    for pid in subprocess.run(["pgrep", "-f", "trainer.task"], capture_output=True, text=True).stdout.split():
+      with open(f"/proc/{pid}/environ", "rb") as f:
+        if b"CLOUD_ML_JOB_ID=restart\0" in f.read():
+          os.kill(int(pid), 9)  # this job's chief crashes once
+    out, err = job.communicate(timeout=300)
+  finally:
+    if job.poll() is None:
+      os.killpg(job.pid, 9)
+      job.wait()
+  assert job.returncode == 0, out[-2000:] + err[-2000:]
+  assert "workerpool0-0 exited with -9; restarting it (1/1)" in out
+  with tf.io.gfile.GFile(f"{base}/model/eval_metrics.json") as f:
+    metrics = json.load(f)
+  assert metrics["resumed_from_step"] >= 500 and metrics["final_step"] == 3000
+  assert not _children_of(job_dir)
