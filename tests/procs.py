@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,17 +24,10 @@ SAFE_ENV = {
 
 
 def free_ports(count: int) -> list[int]:
-  """Ports the OS says are free now (held open together so they differ)."""
-  sockets = []
-  try:
-    for _ in range(count):
-      s = socket.socket()
-      s.bind(("127.0.0.1", 0))
-      sockets.append(s)
-    return [s.getsockname()[1] for s in sockets]
-  finally:
-    for s in sockets:
-      s.close()
+  """Ports the OS says are free now (the local Vertex runner's own chooser)."""
+  from scripts import local_vertex  # pylint: disable=g-import-not-at-top
+
+  return local_vertex.reserve_ports(count, None)
 
 
 def trainer_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

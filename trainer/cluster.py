@@ -82,11 +82,7 @@ class ClusterRole:
 
 def parse_tf_config(text: str, *, variable: str = "TF_CONFIG") -> ClusterRole:
   """Parses a TF_CONFIG JSON string (TensorFlow, Vertex AI, legacy AI Platform, Kubeflow TFJob)."""
-  config = _load_json_object(text, variable)
-  cluster = config.get("cluster") or {}
-  task = config.get("task") or {}
-  if not isinstance(cluster, dict) or not isinstance(task, dict):
-    raise UserError(f"{variable}: 'cluster' and 'task' must be JSON objects, got {text!r}")
+  cluster, task = _cluster_and_task(text, variable)
   normalized = {}
   for raw_type, addresses in cluster.items():
     task_type = _normalize_type(raw_type, variable, accepted=("chief", "master", "worker", "ps", "evaluator"))
@@ -101,11 +97,7 @@ def parse_tf_config(text: str, *, variable: str = "TF_CONFIG") -> ClusterRole:
 
 def parse_cluster_spec(text: str, *, variable: str = "CLUSTER_SPEC") -> ClusterRole:
   """Parses Vertex AI's CLUSTER_SPEC (pools `workerpool0..3`)."""
-  config = _load_json_object(text, variable)
-  cluster = config.get("cluster") or {}
-  task = config.get("task") or {}
-  if not isinstance(cluster, dict) or not isinstance(task, dict):
-    raise UserError(f"{variable}: 'cluster' and 'task' must be JSON objects, got {text!r}")
+  cluster, task = _cluster_and_task(text, variable)
   normalized = {}
   for pool, addresses in cluster.items():
     if pool not in _VERTEX_POOLS:
@@ -159,14 +151,19 @@ def _make_role(cluster: dict[str, tuple[str, ...]], task_type: str, task_index: 
   return ClusterRole(task_type=task_type, task_index=task_index, cluster=cluster, source=variable, trial=trial)
 
 
-def _load_json_object(text: str, variable: str) -> dict[str, Any]:
+def _cluster_and_task(text: str, variable: str) -> tuple[dict[str, Any], dict[str, Any]]:
+  """The 'cluster' and 'task' objects of a TF_CONFIG-shaped JSON string."""
   try:
     value = json.loads(text)
   except json.JSONDecodeError as e:
     raise UserError(f"{variable} is not valid JSON ({e.msg} at char {e.pos}): {text!r}") from None
   if not isinstance(value, dict):
     raise UserError(f"{variable} must be a JSON object with 'cluster' and 'task', got {text!r}")
-  return value
+  cluster = value.get("cluster") or {}
+  task = value.get("task") or {}
+  if not isinstance(cluster, dict) or not isinstance(task, dict):
+    raise UserError(f"{variable}: 'cluster' and 'task' must be JSON objects, got {text!r}")
+  return cluster, task
 
 
 def _normalize_type(raw: Any, variable: str, *, accepted: tuple[str, ...]) -> str:

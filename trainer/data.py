@@ -18,6 +18,7 @@ from trainer.errors import UserError
 
 _MAX_PARALLEL_FILES = 16
 _SHUFFLE_CHUNK = 32
+_READ_BUFFER_BYTES = 1 << 20  # large reads: few requests per gs:// object
 
 
 def list_files(pattern: str, *, flag: str) -> list[str]:
@@ -278,8 +279,7 @@ def _reader(data_format: str, csv_layout):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   if data_format == "tfrecord":
-    # A 1 MiB read buffer keeps gs:// reads few and large.
-    return lambda path: tf.data.TFRecordDataset(path, buffer_size=1 << 20)
+    return lambda path: tf.data.TFRecordDataset(path, buffer_size=_READ_BUFFER_BYTES)
   _, indices, defaults = csv_layout
   return lambda path: tf.data.experimental.CsvDataset(path, defaults, header=True, select_cols=indices)
 

@@ -123,6 +123,16 @@ def _build_model_and_optimizer(job: Job):
   return model, optimizer
 
 
+def _checkpoints_and_summaries(job: Job, model, optimizer):
+  """The checkpoint keeper (all workers save, the chief's count) and TensorBoard writers (chief only)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+  keeper = checkpoints.CheckpointKeeper(checkpoint, directory=job.config.output.checkpoint_dir,
+                                        is_chief=job.is_chief)
+  return keeper, summaries_lib.Summaries(job.config.output.tensorboard_dir, enabled=job.is_chief)
+
+
 def _boundaries(current: int, total: int, *every: int) -> int:
   """Steps until the next log/checkpoint boundary or the end."""
   nxt = total
@@ -141,10 +151,7 @@ def custom_loop(job: Job) -> TrainResult:
   model, optimizer = _build_model_and_optimizer(job)
   names = models.input_names(model)
   objective = Objective(job.schema)
-  checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-  keeper = checkpoints.CheckpointKeeper(checkpoint, directory=job.config.output.checkpoint_dir,
-                                        is_chief=job.is_chief)
-  summaries = summaries_lib.Summaries(job.config.output.tensorboard_dir, enabled=job.is_chief)
+  keeper, summaries = _checkpoints_and_summaries(job, model, optimizer)
   try:
     keeper.restore_latest()
     start_step = int(optimizer.iterations.numpy())
@@ -325,17 +332,12 @@ def fit_loop(job: Job) -> TrainResult:
     logging.info("fit: steps_per_execution=1 (Keras %s cannot run several steps per call under %d replicas)",
                  models.keras_version(), strategy.num_replicas_in_sync)
     steps_per_execution = 1
+  model, optimizer = _build_model_and_optimizer(job)
   with strategy.scope():
-    model = job.build_model()
-    optimizer = make_optimizer(cfg)
-    optimizer.build(model.trainable_variables)
     model.compile(optimizer=optimizer, loss=objective.keras_loss(), metrics=objective.keras_metrics(),
                   steps_per_execution=steps_per_execution, run_eagerly=cfg.run_eagerly)
   names = models.input_names(model)
-  checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-  keeper = checkpoints.CheckpointKeeper(checkpoint, directory=job.config.output.checkpoint_dir,
-                                        is_chief=job.is_chief)
-  summaries = summaries_lib.Summaries(job.config.output.tensorboard_dir, enabled=job.is_chief)
+  keeper, summaries = _checkpoints_and_summaries(job, model, optimizer)
   try:
     keeper.restore_latest()
     start_step = int(optimizer.iterations.numpy())
