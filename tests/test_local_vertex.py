@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -77,8 +78,8 @@ def _children_of(job_dir):
 
 def _run(tmp_path, *args):
   job_dir = str(tmp_path / "job")
-  code = local_vertex.main([*args, "--bucket=test-bucket", f"--job_dir={job_dir}", "--quiet",
-                            "--timeout_secs=400"])
+  code = local_vertex.main(["--timeout_secs=400", *args, "--bucket=test-bucket", f"--job_dir={job_dir}",
+                            "--quiet"])
   assert not _children_of(job_dir)  # no process is left behind
   return code, job_dir
 
@@ -188,4 +189,12 @@ def test_restarted_replica_resumes_from_its_checkpoint(staged, gcs, tmp_path):
   with tf.io.gfile.GFile(f"{base}/model/eval_metrics.json") as f:
     metrics = json.load(f)
   assert metrics["resumed_from_step"] >= 500 and metrics["final_step"] == 3000
+  assert not _children_of(job_dir)
+
+
+def test_timeout_stops_every_child(staged, tmp_path, capsys):
+  code, job_dir = _run(tmp_path, "--config=cloud_configs/multi_worker_gpu.yaml", "--replica_count=1=1",
+                       "--args=--train_steps=1000000", "--timeout_secs=20")
+  assert code == 2
+  assert re.search(r"error: job \S+ failed: timed out after 20 s", capsys.readouterr().err)
   assert not _children_of(job_dir)

@@ -34,11 +34,17 @@ def test_train_export_reload_predict(churn_data, tmp_path):
   assert metrics["eval_accuracy"] > 0.85
   config = json.load(open(out / "model" / "trainer_config.json"))
   assert config["config"]["train"]["train_steps"] == 300 and config["plan"]["strategy"] == "default"
-  assert glob.glob(str(out / "logs" / "train" / "events.out.tfevents.*"))
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  (events,) = glob.glob(str(out / "logs" / "train" / "events.out.tfevents.*"))
+  tags = {value.tag: value.metadata.plugin_data.plugin_name
+          for event in tf.compat.v1.train.summary_iterator(events) for value in event.summary.value}
+  assert tags == {"loss": "scalars", "learning_rate": "scalars", "examples_per_sec": "scalars"}
+  (eval_events,) = glob.glob(str(out / "logs" / "eval" / "events.out.tfevents.*"))
+  assert {v.tag for e in tf.compat.v1.train.summary_iterator(eval_events) for v in e.summary.value} == {
+      "loss", "accuracy", "examples"}
   assert os.path.exists(out / "checkpoints" / "checkpoint")
   assert "step 300/300 (100%)" in result.stderr  # periodic progress lines when not on a terminal
 
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   serving = tf.saved_model.load(str(out / "model")).signatures["serving_default"]
   assert sorted(serving.structured_input_signature[1]) == ["monthly_charges", "plan", "region", "support_calls",
                                                            "tenure_months"]
