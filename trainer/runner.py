@@ -125,6 +125,7 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
   logging.info("Devices: %d GPU(s), %d logical CPU device(s), TPU=%s; Keras %s", plan.devices.num_gpus,
                plan.devices.num_cpu_devices, plan.devices.tpu, plan.keras_version)
   logging.info("Strategy: %s (%s)", plan.choice.class_name, plan.choice.reason)
+  logging.info("Config: %s", json.dumps(json.loads(config.to_json()), sort_keys=True))
 
   if plan.choice.name == "parameter_server" and role.task_type in (cluster_lib.WORKER, cluster_lib.PS):
     _serve_forever(role)
