@@ -151,9 +151,9 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
 
   job = training.Job(
       config=config, schema=schema, strategy=strategy, strategy_name=plan.choice.name, is_chief=role.is_chief,
-      train_files=train_files, eval_files=eval_files, csv_headers=csv_headers, train_steps=0,
-      interactive=interactive, build_model=lambda: build(schema, config.model, config.hparams))
-  job.train_steps = _total_steps(config, train_files)
+      train_files=train_files, eval_files=eval_files, csv_headers=csv_headers,
+      train_steps=_total_steps(config, train_files), interactive=interactive,
+      build_model=lambda: build(schema, config.model, config.hparams))
 
   if role.is_evaluator:
     from trainer import evaluator  # pylint: disable=g-import-not-at-top

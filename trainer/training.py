@@ -37,6 +37,7 @@ class Job:
   train_steps: int
   interactive: bool
   build_model: Callable[..., Any]
+  eval_batches: int | None = None  # resolved once by eval_steps_for (counting the eval data is a full pass)
 
   def dataset_fn(self, split: str, *, select: list[str] | None = None) -> Callable:
     cfg = self.config
@@ -246,11 +247,15 @@ def _coordinated_steps(job: Job, replica_step: Callable) -> Callable[[int], floa
 
 
 def eval_steps_for(job: Job) -> int:
-  cfg = job.config.train
-  if cfg.eval_steps is not None:
-    return cfg.eval_steps
-  count = data_lib.count_records(job.eval_files, job.config.data.format)
-  return max(1, count // cfg.global_batch_size)
+  """--eval_steps, or one pass over the eval data; counted once per job (the side-car evaluates many times)."""
+  if job.eval_batches is None:
+    cfg = job.config.train
+    if cfg.eval_steps is not None:
+      job.eval_batches = cfg.eval_steps
+    else:
+      count = data_lib.count_records(job.eval_files, job.config.data.format)
+      job.eval_batches = max(1, count // cfg.global_batch_size)
+  return job.eval_batches
 
 
 def evaluate(job: Job, model, objective: Objective) -> dict[str, float]:
