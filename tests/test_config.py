@@ -96,6 +96,8 @@ def test_plan_reports_replicas(parse):
      r"^--loop=fit does not work under ParameterServerStrategy with Keras 3.15.1 \(keras-team/keras#18624\)"),
     (("--run_eagerly",), {"TF_CONFIG": PS}, "3.15.1", r"^--run_eagerly cannot run under ParameterServerStrategy"),
     (("--strategy=mirrored",), {"TF_CONFIG": MULTI}, "3.15.1", r"^--strategy=mirrored contradicts the cluster"),
+    (("--hypertune_metric=accuracy",), {}, "3.15.1",
+     r"^--hypertune_metric=accuracy needs evaluation: set --eval_data \(or AIP_VALIDATION_DATA_URI\)"),
     (("--loop=fit", "--train_steps=250", "--checkpoint_every_steps=100"), {}, "3.15.1",
      r"^--loop=fit runs whole epochs of --checkpoint_every_steps=100; --train_steps=250 must be a multiple of it$"),
 ])

@@ -100,6 +100,10 @@ def make_plan(config: config_lib.Config, env: config_lib.Environment, *, num_gpu
   if choice.name == "parameter_server" and not role.cluster.get(cluster_lib.CHIEF):
     raise UserError("a cluster with parameter servers needs a chief (Vertex workerpool0) to coordinate "
                     f"training; got {', '.join(role.cluster)}")
+  if train.hypertune_metric and (not config.data.eval_pattern or train.eval_steps == 0):
+    # Checked here, not after training: a tuning trial must not train for nothing and fail at the end.
+    raise UserError(f"--hypertune_metric={train.hypertune_metric} needs evaluation: set --eval_data (or "
+                    "AIP_VALIDATION_DATA_URI) and leave --eval_steps above 0")
   if train.run_eagerly and choice.name == "parameter_server":
     raise UserError("--run_eagerly cannot run under ParameterServerStrategy (ClusterCoordinator schedules only "
                     "tf.functions); debug eagerly with --strategy=default on one process")
