@@ -86,6 +86,62 @@ def test_training_pipeline_shuffles_and_repeats(churn):
   assert len(batches) == 6
 
 
+@pytest.fixture(scope="module")
+def numbered(tmp_path_factory):
+  """One file of 3000 records whose `id` feature is its position in the file."""
+  directory = tmp_path_factory.mktemp("numbered")
+  path = str(directory / "numbered.tfrecord")
+  with tf.io.TFRecordWriter(path) as writer:
+    for i in range(3000):
+      feature = {"id": tf.train.Feature(float_list=tf.train.FloatList(value=[float(i)])),
+                 "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 2]))}
+      writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+  schema = schema_lib.parse_schema({"features": [{"name": "id", "type": "float"}],
+                                    "label": {"name": "y", "type": "int", "num_classes": 2}}, source="test")
+  return schema, [path]
+
+
+def _id_batches(numbered, *, seed, batch=100, shuffle_buffer=1000, repeat=False, take=-1, deterministic=True):
+  schema, files = numbered
+  ds = data.make_dataset_fn(files, schema, data_format="tfrecord", global_batch_size=batch, training=True,
+                            shuffle_buffer=shuffle_buffer, seed=seed, repeat=repeat, deterministic=deterministic)
+  return [features["id"].numpy().astype(int) for features, _ in ds(None).take(take)]
+
+
+def test_shuffle_mixes_rows_across_a_window_and_keeps_every_example(numbered):
+  batches = _id_batches(numbered, seed=3)
+  assert len(batches) == 30 and all(b.shape == (100,) for b in batches)
+  # Every example exactly once per pass: a permutation, nothing dropped or repeated.
+  assert sorted(np.concatenate(batches).tolist()) == list(range(3000))
+  # 1000 examples per window = 10 batches: each batch draws from its whole window, not from 100 neighbours.
+  for number, ids in enumerate(batches):
+    window = number // 10
+    assert ids.min() >= 1000 * window and ids.max() < 1000 * (window + 1), (number, ids.min(), ids.max())
+    assert len(set((ids - 1000 * window) // 100)) >= 7, sorted(ids)  # rows from >= 7 of the 10 source batches
+    assert not np.all(np.diff(ids) > 0)
+  # The same seed repeats the order exactly; another seed gives another one.
+  assert all(np.array_equal(a, b) for a, b in zip(batches, _id_batches(numbered, seed=3)))
+  assert not all(np.array_equal(a, b) for a, b in zip(batches, _id_batches(numbered, seed=4)))
+
+
+def test_shuffle_reshuffles_every_pass_and_small_buffers_still_pool_two_batches(numbered):
+  passes = _id_batches(numbered, seed=3, repeat=True, take=60)
+  first, second = np.concatenate(passes[:30]), np.concatenate(passes[30:])
+  assert sorted(first.tolist()) == sorted(second.tolist()) == list(range(3000))
+  assert not np.array_equal(first, second)
+  assert data.shuffle_window_batches(1, 100) == 2 and data.shuffle_window_batches(1000, 100) == 10
+  assert data.shuffle_window_batches(1001, 100) == 11
+  pooled = _id_batches(numbered, seed=3, shuffle_buffer=1)
+  assert any(ids.max() >= 100 * (number // 2 * 2 + 1) for number, ids in enumerate(pooled))  # crosses batches
+  assert all(np.array_equal(a, np.arange(100 * n, 100 * (n + 1)))
+             for n, a in enumerate(_id_batches(numbered, seed=3, shuffle_buffer=0)))  # 0: file order
+
+
+def test_unseeded_shuffle_differs_between_runs(numbered):
+  first = np.concatenate(_id_batches(numbered, seed=None, take=10))
+  assert not np.array_equal(first, np.concatenate(_id_batches(numbered, seed=None, take=10)))
+
+
 def test_unknown_vocabulary_value_maps_to_zero(churn):
   schema, _ = churn
   encoder = data.FeatureEncoder(schema)

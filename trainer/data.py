@@ -1,8 +1,8 @@
 """Input pipelines: TFRecord (`tf.train.Example`) and CSV files, local or `gs://`, per worker.
 
 The layout follows the tf.data performance guide: shard whole files per input pipeline (the strategy's
-`InputContext`), interleave parallel reads, shuffle, batch first and then parse the whole batch in one
-vectorized op, prefetch; every parallelism knob is AUTOTUNE. Encoding (vocabulary lookup, image bytes) happens
+`InputContext`), interleave parallel reads, batch first and then parse the whole batch in one vectorized op,
+shuffle the parsed rows across a window of batches, prefetch; every parallelism knob is AUTOTUNE. Encoding (vocabulary lookup, image bytes) happens
 here rather than in the model, so the model sees dense numeric tensors under every strategy, and the serving
 signature applies the same `FeatureEncoder`.
 """
@@ -17,7 +17,6 @@ from trainer import schema as schema_lib
 from trainer.errors import UserError
 
 _MAX_PARALLEL_FILES = 16
-_SHUFFLE_CHUNK = 32
 _READ_BUFFER_BYTES = 1 << 20  # large reads: few requests per gs:// object
 
 
@@ -231,22 +230,17 @@ def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, data_format:
         deterministic=deterministic or shard_records or not training)
     if shard_records:
       ds = ds.shard(num_pipelines, pipeline_id)
-    if training and shuffle_buffer:
-      # Shuffle small chunks of serialized records rather than single records: a per-record shuffle costs
-      # ~30% of the pipeline's throughput (scripts/bench_input.py). A chunk holds consecutive records of the
-      # interleaved stream (already mixed across files), and `shuffle_buffer` still counts records.
-      chunk = max(1, min(_SHUFFLE_CHUNK, batch_size // 8))
-      ds = ds.batch(chunk).shuffle(max(1, shuffle_buffer // chunk), seed=seed, reshuffle_each_iteration=True)
-      ds = ds.rebatch(batch_size, drop_remainder=True)
-    else:
-      ds = ds.batch(batch_size, drop_remainder=True, num_parallel_calls=tf.data.AUTOTUNE,
-                    deterministic=deterministic or not training)
+    ds = ds.batch(batch_size, drop_remainder=True, num_parallel_calls=tf.data.AUTOTUNE,
+                  deterministic=deterministic or not training)
     encoder = FeatureEncoder(schema)  # built here: ParameterServerStrategy needs tables made inside dataset_fn
     parse = _batch_parser(schema, data_format, encoder, csv_layout)
     if select is not None:
       parse_all = parse
       parse = lambda *batch: _select(*parse_all(*batch), select)  # pylint: disable=unnecessary-lambda-assignment
     ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic or not training)
+    if training and shuffle_buffer:
+      ds = _shuffle_parsed_batches(ds, batches_per_window=shuffle_window_batches(shuffle_buffer, batch_size),
+                                   seed=seed, deterministic=deterministic)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
@@ -256,6 +250,42 @@ def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, data_format:
 
 def _select(features, labels, names):
   return {name: features[name] for name in names}, labels
+
+
+def shuffle_window_batches(shuffle_buffer: int, batch_size: int) -> int:
+  """Batches pooled per shuffle window: enough to hold `shuffle_buffer` examples, and never fewer than two
+  (permuting the rows of one batch alone would change no gradient)."""
+  return max(2, -(-shuffle_buffer // batch_size))
+
+
+def _shuffle_parsed_batches(ds, *, batches_per_window: int, seed: int | None, deterministic: bool):
+  """Pools every `batches_per_window` consecutive parsed batches and deals their rows out again at random.
+
+  Why here and not `Dataset.shuffle` on serialized records: a per-record shuffle buffer costs about a third of
+  the pipeline's throughput on two cores (scripts/bench_input.py), because every record becomes its own
+  string tensor. Parsed batches are a few dense numeric columns (categorical values are already ids), so a
+  permutation of a window of them is one gather per column. Each output batch is a uniform sample without
+  replacement from its window of `batches_per_window * batch_size` consecutive examples (already mixed across
+  files by the interleave, and the file order is reshuffled every epoch); every example is still seen once per
+  pass. Each window's permutation is keyed by its own seed from `Dataset.random(seed)`, so a seeded,
+  deterministic pipeline repeats exactly and an unseeded one differs every run.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  def permute(window, window_seed):
+    rows = tf.shape(tf.nest.flatten(window)[0])[:2]
+    order = tf.random.experimental.stateless_shuffle(tf.range(rows[0] * rows[1]), seed=window_seed)
+
+    def deal(column):
+      flat = tf.reshape(column, tf.concat([[-1], tf.shape(column)[2:]], axis=0))
+      dealt = tf.reshape(tf.gather(flat, order), tf.shape(column))
+      dealt.set_shape(column.shape)
+      return dealt
+
+    return tf.nest.map_structure(deal, window)
+
+  windows = tf.data.Dataset.zip((ds.batch(batches_per_window), tf.data.Dataset.random(seed=seed).batch(2)))
+  return windows.map(permute, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic).unbatch()
 
 
 def count_records(files: list[str], data_format: str) -> int:

@@ -25,7 +25,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                       "none skips evaluation.", **fv)
   flags.DEFINE_enum("data_format", "tfrecord", config_lib.DATA_FORMATS, "Format of the data files.", **fv)
   flags.DEFINE_string("schema", None, "Feature schema JSON. Default: schema.json beside the training files.", **fv)
-  flags.DEFINE_integer("shuffle_buffer", 10_000, "Examples in the shuffle buffer (0: no shuffle).", **fv)
+  flags.DEFINE_integer("shuffle_buffer", 10_000, "Examples shuffled together: consecutive parsed batches holding at "
+                       "least this many (and at least 2 batches) are pooled and their rows permuted; file order is "
+                       "reshuffled every epoch (0: no shuffle).", **fv)
   flags.DEFINE_boolean("deterministic_input", False, "Read examples in the same order every run (seeded "
                        "shuffle, ordered interleave): reproducible weights, slightly slower input.", **fv)
   # Model.
