@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -31,6 +32,55 @@ def test_gfile_read_write_glob_stat(gcs):
   names = [b.name for b in storage.Client(project="p").list_blobs("test-bucket", prefix="gfile/")]
   assert names == ["gfile/hello.txt"]  # the same object seen by the Python client
   assert not tf.io.gfile.exists("gs://test-bucket/gfile/absent.txt")
+
+
+def _proxy_requests(emulator) -> int:
+  """Requests the emulator's TLS proxy has forwarded so far (it reports them on SIGUSR1)."""
+  log = os.path.join(emulator.directory, "gcs-proxy.log")
+  with open(log) as f:
+    lines_before = len(f.read().splitlines())
+  os.kill(emulator.pids[0], signal.SIGUSR1)
+  deadline = time.monotonic() + 10
+  while time.monotonic() < deadline:
+    with open(log) as f:
+      lines = f.read().splitlines()
+    if len(lines) > lines_before:
+      return json.loads(lines[-1])["forwarded"]
+    time.sleep(0.05)
+  raise AssertionError("the gcs proxy did not report its request count")
+
+
+def test_trainer_sets_its_gcs_read_block_before_tensorflow_loads(gcs):
+  """TF's gs:// reader buffers GCS_READ_CACHE_BLOCK_SIZE_MB per open file (64 MiB by default) and reads the
+  variable only when TensorFlow is imported: the trainer must set its 8 MiB before anything imports TF."""
+  gcs.storage_client().bucket("test-bucket").blob("blocks/20mib.bin").upload_from_string(os.urandom(20 << 20))
+  read = ("import os, sys\n"
+          "from trainer import storage\n"
+          "if sys.argv[1] == 'trainer': storage.configure_gcs_reads(os.environ)\n"
+          "import tensorflow as tf\n"
+          "with tf.io.gfile.GFile('gs://test-bucket/blocks/20mib.bin', 'rb') as f: assert len(f.read()) == 20 << 20\n")
+  env = procs.trainer_env(gcs.env)
+  env.pop("GCS_READ_CACHE_BLOCK_SIZE_MB", None)
+  requests = {}
+  for setting in ("trainer", "tensorflow-default"):
+    before = _proxy_requests(gcs)
+    result = subprocess.run([sys.executable, "-c", read, setting], env=env, cwd=procs.REPO, capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    requests[setting] = _proxy_requests(gcs) - before
+  assert requests["trainer"] - requests["tensorflow-default"] == 2, requests  # 3 blocks of 8 MiB, not 1 of 64
+  # The entry point loads no TensorFlow before main() runs, so its configure_gcs_reads call comes first.
+  code = ("import sys, trainer.task, trainer.runner, trainer.flags\n"
+          "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'tf_keras')))")
+  imported = subprocess.run([sys.executable, "-c", code], env=env, cwd=procs.REPO, capture_output=True, text=True,
+                            timeout=60, check=True).stdout.strip()
+  assert imported == "[]"
+  from trainer import storage  # pylint: disable=g-import-not-at-top
+  unset, chosen = {}, {"GCS_READ_CACHE_BLOCK_SIZE_MB": "2"}
+  storage.configure_gcs_reads(unset)
+  storage.configure_gcs_reads(chosen)
+  assert unset == {"GCS_READ_CACHE_BLOCK_SIZE_MB": "8"}
+  assert chosen == {"GCS_READ_CACHE_BLOCK_SIZE_MB": "2"}  # a user's own setting wins
 
 
 def _gcs_args(data, out, *extra):

@@ -9,9 +9,26 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from typing import Any
+from typing import Any, MutableMapping
 
 from trainer.errors import UserError
+
+
+# TensorFlow's gs:// reader holds one read-ahead buffer per open file, GCS_READ_CACHE_BLOCK_SIZE_MB large
+# (64 MiB by default), and zero-fills all of it at every file open. With 8-16 files read in parallel that is
+# 0.5-1 GiB of RAM and a 64 MiB memset per file. 16 MiB read the benchmark's shards 1.2x faster than the
+# default through the emulator, with half the peak memory (scripts/bench_input.py), and still fetches large
+# shards in few requests.
+GCS_READ_BLOCK_MB = 8
+
+
+def configure_gcs_reads(environ: MutableMapping[str, str]) -> None:
+  """Sets TensorFlow's gs:// read-ahead block size, unless the user set one.
+
+  Call before TensorFlow is imported: TF reads the variable once, when it registers its gs:// filesystem at
+  import time, so setting it later changes nothing.
+  """
+  environ.setdefault("GCS_READ_CACHE_BLOCK_SIZE_MB", str(GCS_READ_BLOCK_MB))
 
 
 def is_remote(path: str) -> bool:

@@ -14,6 +14,7 @@ from absl import flags
 
 from trainer import config as config_lib
 from trainer import flags as trainer_flags
+from trainer import storage
 from trainer.errors import UserError
 
 EXIT_USER_ERROR = 2
@@ -22,6 +23,7 @@ EXIT_USER_ERROR = 2
 def main(argv: list[str]) -> int:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected positional arguments: {' '.join(argv[1:])}; every option is a --flag")
+  storage.configure_gcs_reads(os.environ)  # before anything imports TensorFlow
   from trainer import runner  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
 
   try:
