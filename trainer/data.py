@@ -2,9 +2,9 @@
 
 The layout follows the tf.data performance guide: shard whole files per input pipeline (the strategy's
 `InputContext`), interleave parallel reads, batch first and then parse the whole batch in one vectorized op,
-shuffle the parsed rows across a window of batches, prefetch; every parallelism knob is AUTOTUNE. Encoding (vocabulary lookup, image bytes) happens
-here rather than in the model, so the model sees dense numeric tensors under every strategy, and the serving
-signature applies the same `FeatureEncoder`.
+shuffle the parsed rows across a window of batches, prefetch; every parallelism knob is AUTOTUNE. Encoding
+(vocabulary lookup, image bytes) happens here rather than in the model, so the model sees dense numeric tensors
+under every strategy, and the serving signature applies the same `FeatureEncoder`.
 """
 
 from __future__ import annotations
