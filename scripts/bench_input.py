@@ -27,6 +27,7 @@ import os
 import resource
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -105,13 +106,12 @@ def serve(kind: str, pattern: str, schema_path: str, batch: int) -> None:
     slice_secs = float(line)
     for _ in range(_UNTIMED_BATCHES):
       next(iterator)
-    batches, cpu_start, start = 0, time.process_time(), time.perf_counter()
+    batches, start = 0, time.perf_counter()
     while time.perf_counter() - start < slice_secs:
       next(iterator)
       batches += 1
     elapsed = time.perf_counter() - start
-    print(json.dumps({"examples": batches * batch, "seconds": elapsed,
-                      "cpu_seconds": time.process_time() - cpu_start}), flush=True)
+    print(json.dumps({"examples": batches * batch, "seconds": elapsed}), flush=True)
   print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}), flush=True)
 
 
@@ -199,12 +199,6 @@ def _one_pass_rss(pattern: str, schema_path: str, batch: int, examples: int, env
   return json.loads(out.stdout.strip().splitlines()[-1])["peak_rss_mb"]
 
 
-def _median(values: list[float]) -> float:
-  ordered = sorted(values)
-  middle = len(ordered) // 2
-  return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
 def main() -> None:
   if len(sys.argv) > 1 and sys.argv[1] == "_serve":
     kind, pattern, schema_path, batch = sys.argv[2:6]
@@ -255,9 +249,10 @@ def main() -> None:
           order = list(kinds) if number % 2 else list(kinds)[::-1]
           rates = {}
           for kind in order:
-            before = _cpu_seconds(emulator.pids)
+            if kind == "a":
+              before = _cpu_seconds(emulator.pids)
             got = turns.run_slice(kind, args.slice_secs)
-            if kind == "a" and number:
+            if kind == "a" and number:  # how much of the machine the emulator took while (a) was timed
               emulator_cpu += _cpu_seconds(emulator.pids) - before
               emulator_secs += got["seconds"]
             rates[kind] = got["examples"] / got["seconds"]
@@ -273,7 +268,7 @@ def main() -> None:
   finally:
     shutil.rmtree(scratch, ignore_errors=True)
 
-  medians = {kind: _median([r[kind] for r in rounds]) for kind in kinds}
+  medians = {kind: statistics.median([r[kind] for r in rounds]) for kind in kinds}
   ceiling = max(CEILINGS, key=lambda c: medians[c])
   for r in rounds:
     r["c"] = r[ceiling]
@@ -289,7 +284,7 @@ def main() -> None:
     print(f"  ({kind:>2}) {label:<{width}} {medians[kind]:>10,.0f} ex/s   peak RSS {peaks[kind]:6.0f} MiB")
   for name, top, bottom, goal in GOALS + (("(a)/(a0)", "a", "a0", None),):
     per_round = sorted(r[top] / r[bottom] for r in rounds)
-    value = _median(per_round)
+    value = statistics.median(per_round)
     verdict = f"goal >= {goal}   {'met' if value >= goal else 'NOT met'}" if goal else "(information)"
     print(f"  {name:<8} = {value:5.2f}  (rounds: {per_round[0]:.2f} to {per_round[-1]:.2f}, middle half "
           f"{per_round[len(per_round) // 4]:.2f} to {per_round[(3 * len(per_round)) // 4]:.2f})   {verdict}")
