@@ -1,8 +1,18 @@
-"""SavedModel export with a `serving_default` signature Vertex AI's prebuilt prediction containers take.
+"""SavedModel export with a `serving_default` signature every serving stack loads.
 
 The signature takes the raw features by name (strings for categorical columns, floats for numbers and
 images), applies the same `FeatureEncoder` as training, and returns named outputs: `probabilities` and
 `class_id` for classification, `prediction` for regression.
+
+Why the saved object is not the model: TF Serving (inside Vertex's prebuilt TF prediction containers) and
+`saved_model_cli run` load a SavedModel the TF1 way, running the MetaGraph's restore op in a session and then the
+signature. When a Keras 3 model is an attribute of the saved `tf.Module`, the checkpoint is written through
+Keras 3's own variable wrappers, and the restore op does not initialize the resource handles the signature's
+graph reads ("Could not find variable output/kernel"); the TF2 loader (`tf.saved_model.load`) hides this.
+So the saved root holds exactly what the serving function captures, as plain TensorFlow objects: the
+`tf.Variable`s it reads, the lookup tables it uses, and the function. That is how Keras 3's own
+`ExportArchive` saves, and it works the same under tf_keras and under every strategy (a distributed
+variable is saved as its value).
 """
 
 from __future__ import annotations
@@ -15,38 +25,50 @@ from trainer import schema as schema_lib
 from trainer import storage
 
 
-def _serving_module(model, schema: schema_lib.Schema):
+def serving_root(model, schema: schema_lib.Schema):
+  """A trackable holding the `serve` function and the variables and tables it uses; not the model itself."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  class ServingModule(tf.Module):
+  encoder = data_lib.FeatureEncoder(schema)
+  names = models.input_names(model)
 
-    def __init__(self):
-      super().__init__(name="serving")
-      self.model = model
-      self.encoder = data_lib.FeatureEncoder(schema)
-      self.tables = self.encoder.tables  # tracked, so the vocabularies are saved as assets
-      self.input_names = models.input_names(model)
+  @tf.function
+  def serve(features):
+    encoded = encoder.encode(features)
+    outputs = model(models.select_inputs(encoded, names), training=False)
+    if schema.task == "classification":
+      return {"probabilities": tf.nn.softmax(outputs, axis=-1),
+              "class_id": tf.argmax(outputs, axis=-1, output_type=tf.int64)}
+    return {"prediction": tf.reshape(outputs, [-1])}
 
-    @tf.function
-    def serve(self, features):
-      encoded = self.encoder.encode(features)
-      outputs = self.model(models.select_inputs(encoded, self.input_names), training=False)
-      if schema.task == "classification":
-        return {"probabilities": tf.nn.softmax(outputs, axis=-1),
-                "class_id": tf.argmax(outputs, axis=-1, output_type=tf.int64)}
-      return {"prediction": tf.reshape(outputs, [-1])}
+  root = tf.__internal__.tracking.AutoTrackable()
+  root.serve = serve
+  concrete = serve.get_concrete_function(data_lib.raw_serving_specs(schema))
+  # The exact tf.Variable objects the graph reads (Keras 3 wraps them; tf_keras hands them out directly).
+  root.variables = list(concrete.variables)
+  root.tables = encoder.tables + _model_resources(model)
+  return root, concrete
 
-  return ServingModule()
+
+def _model_resources(model) -> list:
+  """Lookup tables and other resources a plug-in model holds itself (e.g. a StringLookup layer)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorflow.saved_model.experimental import TrackableResource  # pylint: disable=g-import-not-at-top
+
+  try:
+    descendants = tf.train.TrackableView(model).descendants()
+  except TypeError:  # some Keras layer objects cannot be walked; built-in models hold no resources
+    return []
+  return [t for t in descendants if isinstance(t, TrackableResource)]
 
 
 def export_saved_model(model, schema: schema_lib.Schema, directory: str) -> None:
   """Writes the SavedModel to `directory`; on failure removes what was half-written."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  module = _serving_module(model, schema)
-  signature = module.serve.get_concrete_function(data_lib.raw_serving_specs(schema))
+  root, signature = serving_root(model, schema)
   try:
-    tf.saved_model.save(module, directory, signatures={"serving_default": signature})
+    tf.saved_model.save(root, directory, signatures={"serving_default": signature})
   except BaseException:
     storage.remove_tree(directory)
     raise
