@@ -4,17 +4,24 @@ checks the accuracy.
     python scripts/check_model.py --model_dir=gs://BUCKET/run/model --eval_data='gs://BUCKET/data/eval/*.tfrecord' \
         --min_accuracy=0.88
 
-This is what a serving client sees: raw feature values by name in, `probabilities`/`class_id` out. Exits 1 when
-accuracy is below --min_accuracy.
+This is what a serving client sees: raw feature values by name in, `probabilities`/`class_id` out, from the model
+loaded the way TF Serving (Vertex's prebuilt prediction containers) loads it: a TF1 session running the restore op,
+then the signature (`scripts/predict.py`). Exits 1 when accuracy is below --min_accuracy.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import numpy as np
+
+if __package__ in (None, ""):  # run as a file (python scripts/check_model.py): make `scripts` importable
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from scripts import predict  # pylint: disable=wrong-import-position
 
 
 def predict_eval(model_dir: str, eval_pattern: str, *, batch_size: int = 1024) -> dict:
@@ -22,7 +29,7 @@ def predict_eval(model_dir: str, eval_pattern: str, *, batch_size: int = 1024) -
 
   with tf.io.gfile.GFile(f"{model_dir.rstrip('/')}/trainer_config.json") as f:
     schema = json.load(f)["schema"]
-  serving = tf.saved_model.load(model_dir).signatures["serving_default"]
+  serving = predict.SessionModel(model_dir)
   label = schema["label"]
   kinds = {"float": tf.float32, "int": tf.int64, "string": tf.string, "image": tf.string}
   spec = {f["name"]: tf.io.FixedLenFeature([], kinds[f["type"]]) for f in schema["features"]}
@@ -41,15 +48,16 @@ def predict_eval(model_dir: str, eval_pattern: str, *, batch_size: int = 1024) -
         value = tf.cast(tf.reshape(tf.io.decode_raw(value, tf.uint8), [-1] + feature["shape"]), tf.float32)
       elif feature["type"] in ("float", "int"):
         value = tf.cast(value, tf.float32)
-      inputs[feature["name"]] = value
-    outputs = serving(**inputs)
-    predicted = outputs["class_id"].numpy()
+      inputs[feature["name"]] = value.numpy()
+    outputs = serving.run(inputs)
+    predicted = outputs["class_id"]
     truth = batch[label["name"]].numpy()
     hits += int(np.sum(predicted == truth))
     count += len(truth)
     if first is None:
-      first = {"probabilities": outputs["probabilities"].numpy()[:3].round(3).tolist(),
+      first = {"probabilities": outputs["probabilities"][:3].round(3).tolist(),
                "class_id": predicted[:3].tolist(), "label": truth[:3].tolist()}
+  serving.close()
   return {"model_dir": model_dir, "examples": count, "accuracy": hits / max(count, 1), "first_predictions": first}
 
 

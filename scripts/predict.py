@@ -1,0 +1,211 @@
+r"""Answers a Vertex AI online-prediction request from an exported SavedModel, loaded the way TF Serving loads it.
+
+    python -m scripts.predict --model_dir=gs://BUCKET/run/model --request=request.json
+    echo '{"instances": [{"tenure_months": 3, "plan": "basic", ...}]}' | python -m scripts.predict --model_dir=DIR
+
+Vertex's prebuilt TensorFlow prediction containers run TF Serving, which loads a SavedModel the TF1 way: the
+MetaGraph's restore op and init op in a session, then the signature's tensors by name. This command does the
+same (`tf.compat.v1.saved_model.loader.load`), so an export that answers here loads there; `tf.saved_model.load`
+alone would hide a broken restore.
+
+Request and response bodies are those of Vertex / TF Serving's REST API:
+- row form `{"instances": [{"feature": value, ...}, ...]}` -> `{"predictions": [{"output": value, ...}, ...]}`
+  (a bare value per row when the signature has a single output);
+- column form `{"inputs": {"feature": [values], ...}}` -> `{"outputs": {"output": [values], ...}}`.
+Binary strings travel as `{"b64": "..."}`. A bad request or instance is one `error:` line naming the instance and
+the feature, exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+from typing import Any
+
+import numpy as np
+
+
+class PredictError(ValueError):
+  """A request the model cannot answer; the message is one line naming the instance and the feature."""
+
+
+class SessionModel:
+  """A SavedModel signature loaded into a TF1 session, as TF Serving loads it."""
+
+  def __init__(self, model_dir: str, *, signature_name: str = "serving_default"):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    self._graph = tf.Graph()
+    self._session = tf.compat.v1.Session(graph=self._graph)
+    logger, level = tf.get_logger(), tf.get_logger().level
+    logger.setLevel("ERROR")  # the TF1 loader logs a deprecation notice: it is the point here, not news
+    try:
+      meta_graph = tf.compat.v1.saved_model.loader.load(self._session, ["serve"], model_dir)
+    finally:
+      logger.setLevel(level)
+    if signature_name not in meta_graph.signature_def:
+      raise PredictError(f"signature {signature_name!r} is not in {model_dir} "
+                         f"(it has: {', '.join(sorted(meta_graph.signature_def))})")
+    signature = meta_graph.signature_def[signature_name]
+    self.inputs = {name: (info.name, tf.dtypes.as_dtype(info.dtype),
+                          [d.size for d in info.tensor_shape.dim] if not info.tensor_shape.unknown_rank else None)
+                   for name, info in signature.inputs.items()}
+    self.outputs = {name: info.name for name, info in signature.outputs.items()}
+
+  def run(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    feeds = {self.inputs[name][0]: value for name, value in columns.items()}
+    return self._session.run(self.outputs, feeds)
+
+  def close(self) -> None:
+    self._session.close()
+
+
+def predict(model: SessionModel, body: Any) -> dict[str, Any]:
+  """The response body for one request body (already decoded from JSON)."""
+  if not isinstance(body, dict) or ("instances" in body) == ("inputs" in body):
+    raise PredictError("the request must be a JSON object with exactly one of 'instances' (rows) or 'inputs' "
+                       "(columns)")
+  if "instances" in body:
+    instances = body["instances"]
+    if not isinstance(instances, list) or not instances:
+      raise PredictError("'instances' must be a non-empty list of rows")
+    columns = _columns_from_rows(model, instances)
+    outputs = model.run(columns)
+    rows = [{name: _jsonable(value[i]) for name, value in outputs.items()} for i in range(len(instances))]
+    if len(model.outputs) == 1:
+      rows = [next(iter(row.values())) for row in rows]
+    return {"predictions": rows}
+  inputs = body["inputs"]
+  if not isinstance(inputs, dict):
+    raise PredictError("'inputs' must be an object of feature -> list of values (one per row)")
+  _check_names(model, inputs, where="'inputs'")
+  columns = {name: _to_array(model, name, values, where="'inputs'", batched=True) for name, values in inputs.items()}
+  sizes = {len(v) for v in columns.values()}
+  if len(sizes) != 1:
+    raise PredictError(f"'inputs': every feature needs the same number of rows, got "
+                       f"{ {name: len(v) for name, v in columns.items()} }")
+  return {"outputs": {name: _jsonable(value) for name, value in model.run(columns).items()}}
+
+
+def _check_names(model: SessionModel, row: dict, *, where: str) -> None:
+  takes = ", ".join(sorted(model.inputs))
+  for name in sorted(model.inputs):
+    if name not in row:
+      raise PredictError(f"{where}: feature {name!r} is missing (the model takes: {takes})")
+  for name in row:
+    if name not in model.inputs:
+      raise PredictError(f"{where}: {name!r} is not an input of the model (it takes: {takes})")
+
+
+def _columns_from_rows(model: SessionModel, instances: list) -> dict[str, np.ndarray]:
+  single = next(iter(model.inputs)) if len(model.inputs) == 1 else None
+  values: dict[str, list] = {name: [] for name in model.inputs}
+  for i, row in enumerate(instances):
+    if not isinstance(row, dict) or (single and single not in row):
+      if single is None:
+        raise PredictError(f"instance {i}: expected an object of feature -> value, got {json.dumps(row)[:80]}")
+      row = {single: row}  # TF Serving takes bare values when the signature has one input
+    _check_names(model, row, where=f"instance {i}")
+    for name, value in row.items():
+      values[name].append(_to_array(model, name, value, where=f"instance {i}", batched=False))
+  return {name: np.stack(column) for name, column in values.items()}
+
+
+def _to_array(model: SessionModel, name: str, value: Any, *, where: str, batched: bool) -> np.ndarray:
+  """One feature's value (a row's, or a whole column when `batched`) as the signature's dtype and shape."""
+  _, dtype, shape = model.inputs[name]
+  expected = None if shape is None else shape[0 if batched else 1:]
+  if dtype.name == "string":
+    array = np.asarray(_strings(value, where=where, name=name), dtype=object)
+  else:
+    if not _all_numbers(value):
+      raise PredictError(f"{where}: feature {name!r} must be a number{'s' if batched else ''} "
+                         f"({dtype.name}), got {json.dumps(value)[:80]}")
+    try:
+      array = np.asarray(value, dtype=dtype.as_numpy_dtype)
+    except ValueError:
+      raise PredictError(f"{where}: feature {name!r} is a ragged list; expected shape "
+                         f"{_shape_text(expected)}") from None
+  if expected is not None and (array.ndim != len(expected)
+                               or any(e not in (-1, a) for e, a in zip(expected, array.shape))):
+    raise PredictError(f"{where}: feature {name!r} has shape {_shape_text(list(array.shape))}; the model takes "
+                       f"{_shape_text(expected)}")
+  return array
+
+
+def _strings(value: Any, *, where: str, name: str):
+  if isinstance(value, list):
+    return [_strings(v, where=where, name=name) for v in value]
+  if isinstance(value, dict) and set(value) == {"b64"} and isinstance(value["b64"], str):
+    try:
+      return base64.b64decode(value["b64"], validate=True)
+    except ValueError:
+      raise PredictError(f"{where}: feature {name!r} has a 'b64' value that is not base64") from None
+  if isinstance(value, str):
+    return value.encode()
+  raise PredictError(f"{where}: feature {name!r} must be a string (or {{\"b64\": ...}}), got {json.dumps(value)[:80]}")
+
+
+def _all_numbers(value: Any) -> bool:
+  if isinstance(value, list):
+    return all(_all_numbers(v) for v in value)
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _shape_text(shape: list[int] | None) -> str:
+  return "any" if shape is None else "[" + ", ".join("?" if d == -1 else str(d) for d in shape) + "]"
+
+
+def _jsonable(value: Any) -> Any:
+  value = np.asarray(value)
+  if value.dtype == object:
+    return [v.decode(errors="replace") for v in value.ravel()] if value.ndim else value.item().decode(errors="replace")
+  return value.tolist()
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--model_dir", required=True, help="the exported SavedModel (local or gs://)")
+  parser.add_argument("--request", default="-", help="request body JSON file (default: standard input)")
+  parser.add_argument("--signature", default="serving_default")
+  args = parser.parse_args(argv)
+  try:
+    text = sys.stdin.read() if args.request == "-" else _read(args.request)
+    try:
+      body = json.loads(text)
+    except json.JSONDecodeError as e:
+      raise PredictError(f"--request: not valid JSON ({e.msg} at line {e.lineno})") from None
+    model = _load(args.model_dir, args.signature)
+    try:
+      response = predict(model, body)
+    finally:
+      model.close()
+  except PredictError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(json.dumps(response))
+  return 0
+
+
+def _read(path: str) -> str:
+  try:
+    with open(path) as f:
+      return f.read()
+  except OSError as e:
+    raise PredictError(f"--request: cannot read {path} ({e.strerror})") from None
+
+
+def _load(model_dir: str, signature: str) -> SessionModel:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  try:
+    return SessionModel(model_dir, signature_name=signature)
+  except (OSError, tf.errors.OpError) as e:
+    detail = str(getattr(e, "message", None) or e).strip().splitlines()[0]
+    raise PredictError(f"--model_dir: cannot load a SavedModel from {model_dir} ({detail})") from None
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,63 @@
+"""Test helper: an export must answer alike when loaded the TF Serving way (TF1 session: restore op, then the
+signature) and the TF2 way (`tf.saved_model.load`), for rows as Vertex sends them."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+
+from scripts import predict
+
+
+def instances_from_records(model_dir: str, pattern: str, count: int = 50) -> list[dict]:
+  """The first `count` eval examples as Vertex prediction instances (one JSON object per row)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  with open(os.path.join(model_dir, "trainer_config.json")) as f:
+    schema = json.load(f)["schema"]
+  rows = []
+  for record in tf.data.TFRecordDataset(sorted(glob.glob(pattern))).take(count):
+    feature_map = tf.train.Example.FromString(record.numpy()).features.feature
+    row = {}
+    for feature in schema["features"]:
+      value = feature_map[feature["name"]]
+      if feature["type"] == "string":
+        row[feature["name"]] = value.bytes_list.value[0].decode()
+      elif feature["type"] == "image":
+        pixels = np.frombuffer(value.bytes_list.value[0], np.uint8).reshape(feature["shape"])
+        row[feature["name"]] = pixels.astype(float).tolist()
+      elif feature["type"] == "int":
+        row[feature["name"]] = int(value.int64_list.value[0])
+      else:
+        row[feature["name"]] = float(value.float_list.value[0])
+    rows.append(row)
+  return rows
+
+
+def assert_loaders_agree(model_dir: str, eval_pattern: str) -> dict:
+  """Session-loader predictions (the `scripts.predict` command's path) allclose to `tf.saved_model.load`'s;
+  returns the Vertex-shaped response."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  instances = instances_from_records(str(model_dir), eval_pattern)
+  model = predict.SessionModel(str(model_dir))
+  try:
+    response = predict.predict(model, json.loads(json.dumps({"instances": instances})))
+  finally:
+    model.close()
+  assert len(response["predictions"]) == len(instances)
+  signature = tf.saved_model.load(str(model_dir)).signatures["serving_default"]
+  columns = {}
+  for name, spec in signature.structured_input_signature[1].items():
+    values = [row[name] for row in instances]
+    columns[name] = tf.constant(values, dtype=spec.dtype)
+  expected = {k: v.numpy() for k, v in signature(**columns).items()}
+  for name, value in expected.items():
+    got = np.array([p[name] if isinstance(p, dict) else p for p in response["predictions"]])
+    np.testing.assert_allclose(got, value, rtol=1e-5, atol=1e-6, err_msg=name)
+  if "probabilities" in expected:
+    np.testing.assert_allclose(expected["probabilities"].sum(axis=1), 1.0, rtol=1e-5)
+  return response

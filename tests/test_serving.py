@@ -1,0 +1,115 @@
+"""The export as serving stacks load it: TF Serving's session loader, `saved_model_cli run`, and the
+Vertex-shaped prediction command (`python -m scripts.predict`), good requests and bad ones."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+import procs
+import serving
+from scripts import predict
+
+
+@pytest.fixture(scope="module")
+def churn_export(churn_data, tmp_path_factory):
+  out = tmp_path_factory.mktemp("export")
+  result = procs.run_trainer([f"--train_data={churn_data}/train/*.tfrecord", f"--output_dir={out}",
+                              "--train_steps=150", "--global_batch_size=128", "--eval_steps=0"])
+  assert result.returncode == 0, result.stderr[-3000:]
+  return out / "model"
+
+
+LOYAL = {"tenure_months": 60, "monthly_charges": 50.0, "support_calls": 0, "plan": "pro", "region": "east"}
+AT_RISK = {"tenure_months": 1.0, "monthly_charges": 120.0, "support_calls": 6, "plan": {"b64": "YmFzaWM="},
+           "region": "south"}  # "basic", as a client sends binary strings
+
+
+def test_predict_command_answers_rows_and_columns_like_vertex(churn_export, tmp_path):
+  request = tmp_path / "request.json"
+  request.write_text(json.dumps({"instances": [LOYAL, AT_RISK]}))
+  result = subprocess.run([sys.executable, "-m", "scripts.predict", f"--model_dir={churn_export}",
+                           f"--request={request}"], cwd=procs.REPO, env=procs.trainer_env(), capture_output=True,
+                          text=True, timeout=120, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  response = json.loads(result.stdout)
+  assert [p["class_id"] for p in response["predictions"]] == [0, 1]
+  for p in response["predictions"]:
+    assert sorted(p) == ["class_id", "probabilities"] and abs(sum(p["probabilities"]) - 1) < 1e-5
+  columns = {name: [LOYAL[name], "basic" if name == "plan" else AT_RISK[name]] for name in LOYAL}
+  result = subprocess.run([sys.executable, "-m", "scripts.predict", f"--model_dir={churn_export}"],
+                          input=json.dumps({"inputs": columns}), cwd=procs.REPO, env=procs.trainer_env(),
+                          capture_output=True, text=True, timeout=120, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  outputs = json.loads(result.stdout)["outputs"]
+  assert outputs["class_id"] == [0, 1]
+  assert outputs["probabilities"] == [p["probabilities"] for p in response["predictions"]]
+
+
+def test_saved_model_cli_runs_the_signature(churn_export):
+  """The other session-based loader users reach for first."""
+  exprs = ('tenure_months=[60.0,1.0];monthly_charges=[50.0,120.0];support_calls=[0.0,6.0];'
+           'plan=["pro","basic"];region=["east","south"]')
+  cli = procs.REPO + "/.venv/bin/saved_model_cli"
+  result = subprocess.run([cli, "run", "--dir", str(churn_export), "--tag_set", "serve", "--signature_def",
+                           "serving_default", "--input_exprs", exprs], env=procs.trainer_env(), capture_output=True,
+                          text=True, timeout=120, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert re.search(r"Result for output key class_id:\s*\[0 1\]", result.stdout), result.stdout
+
+
+def test_session_loader_agrees_with_the_tf2_loader(churn_export, churn_data):
+  serving.assert_loaders_agree(churn_export, f"{churn_data}/eval/*.tfrecord")
+
+
+def _bad_requests():
+  no_region = {k: v for k, v in LOYAL.items() if k != "region"}
+  return [
+      ("missing_feature", {"instances": [LOYAL, no_region]},
+       r"^instance 1: feature 'region' is missing \(the model takes: monthly_charges, plan, region, support_calls, "
+       r"tenure_months\)$"),
+      ("number_as_text", {"instances": [{**LOYAL, "tenure_months": "sixty"}]},
+       r"^instance 0: feature 'tenure_months' must be a number \(float32\), got \"sixty\"$"),
+      ("number_for_string", {"instances": [{**LOYAL, "plan": 3}]},
+       r"^instance 0: feature 'plan' must be a string \(or \{\"b64\": \.\.\.\}\), got 3$"),
+      ("bool_for_number", {"instances": [{**LOYAL, "support_calls": True}]},
+       r"^instance 0: feature 'support_calls' must be a number"),
+      ("list_for_scalar", {"instances": [{**LOYAL, "tenure_months": [1.0, 2.0]}]},
+       r"^instance 0: feature 'tenure_months' has shape \[2\]; the model takes \[\]$"),
+      ("unknown_feature", {"instances": [{**LOYAL, "age": 3}]}, r"^instance 0: 'age' is not an input of the model"),
+      ("bad_b64", {"instances": [{**LOYAL, "plan": {"b64": "@@"}}]},
+       r"^instance 0: feature 'plan' has a 'b64' value that is not base64$"),
+      ("row_not_object", {"instances": [[1, 2, 3]]}, r"^instance 0: expected an object of feature -> value"),
+      ("empty", {"instances": []}, r"^'instances' must be a non-empty list of rows$"),
+      ("both_forms", {"instances": [LOYAL], "inputs": {}}, r"^the request must be a JSON object with exactly one"),
+      ("neither", {"rows": [LOYAL]}, r"^the request must be a JSON object with exactly one"),
+      ("uneven_columns", {"inputs": {k: [v, v] if k != "plan" else [v] for k, v in LOYAL.items()}},
+       r"^'inputs': every feature needs the same number of rows"),
+  ]
+
+
+def test_bad_requests_name_the_instance_and_feature(churn_export):
+  model = predict.SessionModel(str(churn_export))
+  try:
+    for name, body, message in _bad_requests():
+      with pytest.raises(predict.PredictError, match=message):
+        predict.predict(model, body)
+      assert name
+  finally:
+    model.close()
+
+
+def test_predict_command_bad_input_is_one_line_and_exit_2(churn_export, tmp_path):
+  cases = [([f"--model_dir={churn_export}"], "{not json", r"^error: --request: not valid JSON"),
+           ([f"--model_dir={tmp_path}/none"], json.dumps({"instances": [LOYAL]}),
+            r"^error: --model_dir: cannot load a SavedModel from .*/none \(SavedModel file does not exist"),
+           ([f"--model_dir={churn_export}"], json.dumps({"instances": [{"plan": "pro"}]}),
+            r"^error: instance 0: feature 'monthly_charges' is missing")]
+  for args, body, message in cases:
+    result = subprocess.run([sys.executable, "-m", "scripts.predict", *args], input=body, cwd=procs.REPO,
+                            env=procs.trainer_env(), capture_output=True, text=True, timeout=120, check=False)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(errors) == 1 and re.search(message, errors[0]), result.stderr[-1500:]
+    assert "Traceback" not in result.stderr and not result.stdout
