@@ -105,18 +105,15 @@ def plan_replicas(spec: dict, *, job_id: str, job_dir: str, ports: list[int], ex
 
 
 def check_trainer_args(replicas: list[Replica]) -> None:
-  """Parses each replica's args against the trainer's own flags, so an unknown override fails before start."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
-
+  """Checks each replica's args as the trainer will (flags and values), so a bad one fails before start."""
   from trainer import flags as trainer_flags  # pylint: disable=g-import-not-at-top
+  from trainer.errors import UserError  # pylint: disable=g-import-not-at-top
 
   for replica in replicas:
-    values = flags.FlagValues()
-    trainer_flags.define_flags(values)
     try:
-      values(["trainer.task", *replica.args])
-    except flags.Error as e:
-      raise LocalRunError(f"{replica.name}: trainer args rejected: {e}") from None
+      trainer_flags.check_args(replica.args, where=replica.name)
+    except UserError as e:
+      raise LocalRunError(str(e)) from None
 
 
 def reserve_ports(count: int, base_port: int | None) -> list[int]:
@@ -132,6 +129,8 @@ def reserve_ports(count: int, base_port: int | None) -> list[int]:
     finally:
       for s in sockets:
         s.close()
+  if base_port + count - 1 > 65535:
+    raise LocalRunError(f"--base_port={base_port}: the job needs {count} consecutive ports, which would pass 65535")
   ports = list(range(base_port, base_port + count))
   for port in ports:
     with socket.socket() as s:
@@ -285,9 +284,23 @@ def _storage(buckets: tuple[str, ...], job_dir: str) -> Iterator[dict[str, str]]
     yield emulator.env
 
 
+def check_flags(args) -> None:
+  """The runner's own flags, checked before anything is read, built or started."""
+  args.bucket = vertex_config.bucket_name(args.bucket)
+  if args.restart_failed < 0:
+    raise LocalRunError(f"--restart_failed={args.restart_failed}: expected a count >= 0 (0: never restart)")
+  if not args.timeout_secs > 0:
+    raise LocalRunError(f"--timeout_secs={args.timeout_secs}: expected a positive number of seconds")
+  if args.base_port is not None and not 1024 <= args.base_port <= 65535:
+    raise LocalRunError(f"--base_port={args.base_port}: expected a port in 1024..65535, or omit it to let the "
+                        "OS choose free ports")
+
+
 def run(args) -> int:
   from google.auth.credentials import AnonymousCredentials  # pylint: disable=g-import-not-at-top
   from google.cloud import storage  # pylint: disable=g-import-not-at-top
+
+  check_flags(args)
 
   job_id = args.run_id or time.strftime("local-%Y%m%d-%H%M%S")
   values = vertex_config.values_from(os.environ, project="local-project", region="local", bucket=args.bucket,

@@ -79,6 +79,21 @@ def apply_overrides(config: vertex_config.JobConfig, extra_args: list[str], env:
   return body
 
 
+def check_trainer_args(body: dict, kind: str) -> None:
+  """Every trainer pool's args, checked as the trainer will check them, before anything is built or sent."""
+  from trainer import flags as trainer_flags  # pylint: disable=g-import-not-at-top
+  from trainer.errors import UserError  # pylint: disable=g-import-not-at-top
+
+  spec = body["trialJobSpec"] if kind == "hp_tuning" else body
+  for index, pool in enumerate(spec["workerPoolSpecs"]):
+    package = (pool or {}).get("pythonPackageSpec")
+    if package:
+      try:
+        trainer_flags.check_args(list(package.get("args", [])), where=f"workerpool{index}")
+      except UserError as e:
+        raise SubmitError(str(e)) from None
+
+
 def request_for(kind: str, body: dict, display_name: str) -> dict:
   """The JSON body of the create request, as the REST API takes it."""
   if kind == "hp_tuning":
@@ -170,8 +185,7 @@ def _submit(args) -> int:
     raise SubmitError("--project is required (or set PROJECT)")
   if not args.bucket:
     raise SubmitError("--bucket is required (or set BUCKET): the sdist is staged there")
-  if args.bucket.startswith("gs://"):
-    args.bucket = args.bucket[len("gs://"):].rstrip("/")
+  args.bucket = vertex_config.bucket_name(args.bucket)
   run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S")
   display_name = args.display_name or f"{os.path.splitext(os.path.basename(args.config))[0]}-{run_id}"
   env = parse_env(args.env)
@@ -179,7 +193,8 @@ def _submit(args) -> int:
     # Validate with a placeholder package first: a bad config fails before anything is built or uploaded.
     values = vertex_config.values_from(os.environ, project=args.project, region=args.region, bucket=args.bucket,
                                        run_id=run_id, cpu_image=args.image, gpu_image=args.image)
-    vertex_config.load(args.config, {**values, "PACKAGE_URI": f"gs://{args.bucket}/staging/pending.tar.gz"})
+    pending = vertex_config.load(args.config, {**values, "PACKAGE_URI": f"gs://{args.bucket}/staging/pending.tar.gz"})
+    check_trainer_args(apply_overrides(pending, args.args, env), pending.kind)
     archive = build_sdist(scratch)
     uri = package_uri(args.bucket, archive)
     config = vertex_config.load(args.config, {**values, "PACKAGE_URI": uri})

@@ -55,6 +55,20 @@ class ConfigError(ValueError):
   """A config that Vertex would reject or that cannot run the trainer; the message is one line."""
 
 
+# Cloud Storage bucket names: 3-63 characters of lowercase letters, digits, '-', '_' and '.', starting and
+# ending with a letter or digit (dotted names may be longer; they are rare and not accepted here).
+_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
+
+
+def bucket_name(value: str, *, flag: str = "--bucket") -> str:
+  """The bare bucket name from `value` (`name` or `gs://name`); a ConfigError names what is wrong."""
+  name = value[len("gs://"):].rstrip("/") if value.startswith("gs://") else value
+  if "/" in name or not _BUCKET_NAME.match(name):
+    raise ConfigError(f"{flag}={value!r} is not a Cloud Storage bucket name: expected 3-63 lowercase letters, "
+                      "digits, '-', '_' or '.', starting and ending with a letter or digit (gs:// optional, no path)")
+  return name
+
+
 @dataclasses.dataclass(frozen=True)
 class JobConfig:
   path: str

@@ -59,7 +59,7 @@ def test_legacy_master_is_the_chief():
 
 
 def test_worker_only_cluster_makes_worker_zero_chief():
-  workers = {"worker": ["w:0", "w:1"]}
+  workers = {"worker": ["w:3", "w:1"]}
   assert cluster.parse_tf_config(tf_config(workers, "worker", 0)).is_chief
   assert not cluster.parse_tf_config(tf_config(workers, "worker", 1)).is_chief
 

@@ -98,8 +98,6 @@ def test_plan_reports_replicas(parse):
     (("--strategy=mirrored",), {"TF_CONFIG": MULTI}, "3.15.1", r"^--strategy=mirrored contradicts the cluster"),
     (("--hypertune_metric=accuracy",), {}, "3.15.1",
      r"^--hypertune_metric=accuracy needs evaluation: set --eval_data \(or AIP_VALIDATION_DATA_URI\)"),
-    (("--loop=fit", "--train_steps=250", "--checkpoint_every_steps=100"), {}, "3.15.1",
-     r"^--loop=fit runs whole epochs of --checkpoint_every_steps=100; --train_steps=250 must be a multiple of it$"),
 ])
 def test_bad_combinations(parse, args, env, keras, message):
   with pytest.raises(UserError, match=message):

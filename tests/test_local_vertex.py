@@ -142,6 +142,18 @@ def test_bad_inputs_start_nothing(staged, tmp_path, capsys):
       (["--config=cloud_configs/single_cpu.yaml", "--args=--no_such_flag=1"],
        r"workerpool0-0: trainer args rejected: Unknown command line flag 'no_such_flag'"),
       (["--config=cloud_configs/single_cpu.yaml", "--replica_count=0=2"], r"--replica_count='0=2': expected"),
+      (["--config=cloud_configs/single_cpu.yaml", "--args=--train_steps=-1"],
+       r"^error: workerpool0-0: trainer args rejected: --train_steps must be a positive integer, got -1$"),
+      (["--config=cloud_configs/single_cpu.yaml", "--base_port=70000"],
+       r"^error: --base_port=70000: expected a port in 1024\.\.65535, or omit it"),
+      (["--config=cloud_configs/multi_worker_gpu.yaml", "--base_port=65535"],
+       r"^error: --base_port=65535: the job needs \d+ consecutive ports, which would pass 65535$"),
+      (["--config=cloud_configs/single_cpu.yaml", "--bucket=gs://b"],
+       r"^error: --bucket='gs://b' is not a Cloud Storage bucket name: expected 3-63 lowercase letters"),
+      (["--config=cloud_configs/single_cpu.yaml", "--bucket=Bad Bucket!"],
+       r"^error: --bucket='Bad Bucket!' is not a Cloud Storage bucket name"),
+      (["--config=cloud_configs/single_cpu.yaml", "--restart_failed=-1"],
+       r"^error: --restart_failed=-1: expected a count >= 0"),
   ]
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -151,9 +163,9 @@ def test_bad_inputs_start_nothing(staged, tmp_path, capsys):
     import re  # pylint: disable=g-import-not-at-top
     for args, message in cases:
       job_dir = tmp_path / f"job{len(args)}{abs(hash(message))}"
-      code = local_vertex.main([*args, "--bucket=test-bucket", f"--job_dir={job_dir}", "--quiet"])
+      code = local_vertex.main(["--bucket=test-bucket", *args, f"--job_dir={job_dir}", "--quiet"])
       err = capsys.readouterr().err
-      assert code == 2 and re.search(message, err), (args, err)
+      assert code == 2 and re.search(message, err, re.M) and len(err.strip().splitlines()) == 1, (args, err)
       assert not os.path.exists(job_dir / "workerpool0-0.log")  # nothing started
       assert not _children_of(str(job_dir))
 

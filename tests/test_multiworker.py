@@ -6,6 +6,7 @@ import os
 import re
 
 import procs
+import serving
 
 TIMEOUT = 300
 
@@ -42,6 +43,9 @@ def test_multi_worker_mirrored_chief_and_worker(churn_data, tmp_path):
   with open(out / "model" / "eval_metrics.json") as f:
     metrics = json.load(f)
   assert metrics["num_replicas"] == 2 and metrics["final_step"] == 100
+  # 1000 eval examples in one shard: the workers split its records, 1000 = 15 * 64 + 40, every one counted once.
+  assert metrics["eval_examples"] == 1000
+  serving.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")
   assert sorted(os.listdir(out / "checkpoints")) == ["checkpoint", "ckpt-100.data-00000-of-00001",
                                                      "ckpt-100.index", "ckpt-50.data-00000-of-00001",
                                                      "ckpt-50.index"]
@@ -63,7 +67,8 @@ def test_parameter_server_strategy(churn_data, tmp_path):
   with open(out / "model" / "eval_metrics.json") as f:
     metrics = json.load(f)
   assert metrics["strategy"] == "ParameterServerStrategy" and metrics["final_step"] == 100
-  assert metrics["eval_accuracy"] > 0.8
+  assert metrics["eval_accuracy"] > 0.8 and metrics["eval_examples"] == 1000
+  serving.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")
 
 
 def test_sidecar_evaluator_follows_the_chief(churn_data, tmp_path):
@@ -101,8 +106,9 @@ def test_fit_under_multi_worker_with_legacy_keras(churn_data, tmp_path):
   with open(out / "model" / "eval_metrics.json") as f:
     metrics = json.load(f)
   assert metrics["strategy"] == "MultiWorkerMirroredStrategy" and metrics["final_step"] == 100
-  assert metrics["eval_accuracy"] > 0.8
+  assert metrics["eval_accuracy"] > 0.8 and metrics["eval_examples"] == 1000
   assert saved_models(tmp_path) == [str(out / "model")]
+  serving.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")  # a tf_keras export
 
 
 def test_fit_under_parameter_servers_with_legacy_keras(churn_data, tmp_path):
@@ -121,4 +127,5 @@ def test_fit_under_parameter_servers_with_legacy_keras(churn_data, tmp_path):
   with open(out / "model" / "eval_metrics.json") as f:
     metrics = json.load(f)
   assert metrics["strategy"] == "ParameterServerStrategy" and metrics["final_step"] == 100
-  assert metrics["eval_accuracy"] > 0.8
+  assert metrics["eval_accuracy"] > 0.8 and metrics["eval_examples"] == 1000
+  serving.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")

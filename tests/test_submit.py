@@ -211,6 +211,14 @@ def test_dry_run_prints_request_and_an_equivalent_gcloud_command(capsys):
      r"^error: cloud_configs/nope.yaml: cannot read"),
     (["--config=cloud_configs/single_cpu.yaml", "--project=p", "--bucket=test-bucket", "--env=NOEQUALS"],
      r"^error: --env expects KEY=VALUE, got 'NOEQUALS'"),
+    # A dry run printed a ready-to-run gcloud command for these; the job would fail only on Vertex.
+    (["--config=cloud_configs/single_cpu.yaml", "--project=p", "--bucket=test-bucket", "--dry_run",
+      "--args=--no_such_flag=1"], r"^error: workerpool0: trainer args rejected: Unknown command line flag 'no_such_flag'"),
+    (["--config=cloud_configs/parameter_server.yaml", "--project=p", "--bucket=test-bucket", "--dry_run",
+      "--args=--train_steps=-1"],
+     r"^error: workerpool0: trainer args rejected: --train_steps must be a positive integer, got -1$"),
+    (["--config=cloud_configs/single_cpu.yaml", "--project=p", "--bucket=Bad Bucket!"],
+     r"^error: --bucket='Bad Bucket!' is not a Cloud Storage bucket name"),
 ])
 def test_bad_submissions_upload_nothing(gcs, capsys, args, message):
   before = _list("")
@@ -218,7 +226,9 @@ def test_bad_submissions_upload_nothing(gcs, capsys, args, message):
     assert submit.main(args + [f"--api_endpoint={fake.endpoint}"]) == 2
     assert not fake.requests
   import re  # pylint: disable=g-import-not-at-top
-  assert re.search(message, capsys.readouterr().err, re.M)
+  captured = capsys.readouterr()
+  assert re.search(message, captured.err, re.M) and len(captured.err.strip().splitlines()) == 1, captured.err
+  assert not captured.out  # no request or gcloud command printed
   assert _list("") == before
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import procs
+import serving
 
 
 def data_args(directory, fmt="tfrecord"):
@@ -32,6 +33,7 @@ def test_train_export_reload_predict(churn_data, tmp_path):
   metrics = final_metrics(out / "model")
   assert metrics["final_step"] == 300 and metrics["strategy"] == "default"
   assert metrics["eval_accuracy"] > 0.85
+  assert metrics["eval_examples"] == 1000  # one pass, the partial last batch (1000 = 7 * 128 + 104) included
   config = json.load(open(out / "model" / "trainer_config.json"))
   assert config["config"]["train"]["train_steps"] == 300 and config["plan"]["strategy"] == "default"
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -45,28 +47,82 @@ def test_train_export_reload_predict(churn_data, tmp_path):
   assert os.path.exists(out / "checkpoints" / "checkpoint")
   assert "step 300/300 (100%)" in result.stderr  # periodic progress lines when not on a terminal
 
-  serving = tf.saved_model.load(str(out / "model")).signatures["serving_default"]
-  assert sorted(serving.structured_input_signature[1]) == ["monthly_charges", "plan", "region", "support_calls",
+  signature = tf.saved_model.load(str(out / "model")).signatures["serving_default"]
+  assert sorted(signature.structured_input_signature[1]) == ["monthly_charges", "plan", "region", "support_calls",
                                                            "tenure_months"]
   # A loyal customer on the pro plan vs a new one on basic with many support calls.
-  outputs = serving(tenure_months=tf.constant([60.0, 1.0]), monthly_charges=tf.constant([50.0, 120.0]),
+  outputs = signature(tenure_months=tf.constant([60.0, 1.0]), monthly_charges=tf.constant([50.0, 120.0]),
                     support_calls=tf.constant([0.0, 6.0]), plan=tf.constant(["pro", "basic"]),
                     region=tf.constant(["east", "south"]))
   assert outputs["class_id"].numpy().tolist() == [0, 1]
   np.testing.assert_allclose(outputs["probabilities"].numpy().sum(axis=1), [1.0, 1.0], rtol=1e-5)
+  serving.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")  # and TF Serving's way
 
 
-@pytest.mark.parametrize("loop,fmt", [("custom", "csv"), ("fit", "tfrecord")])
-def test_mirrored_on_two_logical_cpus(churn_data, tmp_path, loop, fmt):
+@pytest.mark.parametrize("loop,fmt,batch", [("custom", "csv", 128), ("fit", "tfrecord", 100)])
+def test_mirrored_on_two_logical_cpus(churn_data, tmp_path, loop, fmt, batch):
   out = tmp_path / "out"
   result = procs.run_trainer(data_args(churn_data, fmt) + [
       f"--output_dir={out}", "--num_cpu_devices=2", f"--loop={loop}", "--train_steps=200",
-      "--checkpoint_every_steps=100", "--global_batch_size=128"])
+      "--checkpoint_every_steps=100", f"--global_batch_size={batch}"])
   assert result.returncode == 0, result.stderr[-3000:]
   metrics = final_metrics(out / "model")
   assert metrics["strategy"] == "MirroredStrategy" and metrics["num_replicas"] == 2
   assert metrics["final_step"] == 200
   assert metrics["eval_accuracy"] > 0.85
+  assert metrics["eval_examples"] == 1000  # a multiple of the batch (100) and not (128): every example once
+
+
+@pytest.mark.parametrize("extra,examples", [(["--global_batch_size=100"], 1000),
+                                            (["--global_batch_size=64", "--eval_steps=3"], 192)])
+def test_eval_is_one_pass_unless_eval_steps_says_otherwise(churn_data, tmp_path, extra, examples):
+  out = tmp_path / "out"
+  result = procs.run_trainer(data_args(churn_data) + [f"--output_dir={out}", "--train_steps=10", *extra])
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert final_metrics(out / "model")["eval_examples"] == examples
+
+
+@pytest.mark.parametrize("loop", ["custom", "fit"])
+def test_epochs_run_exactly_their_steps_under_both_loops(churn_data, tmp_path, loop):
+  out = tmp_path / "out"
+  # 4000 examples / 128 = 31 steps; under fit this used to be 31 // 200 (checkpoint period) = 0 Keras epochs.
+  result = procs.run_trainer(data_args(churn_data) + [f"--output_dir={out}", f"--loop={loop}", "--epochs=1",
+                                                      "--global_batch_size=128", "--eval_steps=0"])
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "1 epoch(s) of 4000 examples = 31 steps" in result.stderr
+  assert final_metrics(out / "model")["final_step"] == 31
+  assert os.path.exists(out / "checkpoints" / "ckpt-31.index")
+
+
+def test_wrong_runs_are_named_and_a_finished_run_exports_again(churn_data, tmp_path):
+  out = tmp_path / "out"
+  args = data_args(churn_data) + [f"--output_dir={out}", "--global_batch_size=64", "--eval_steps=2"]
+  first = procs.run_trainer(args + ["--train_steps=40", "--checkpoint_every_steps=20"])
+  assert first.returncode == 0, first.stderr[-3000:]
+  digest = final_metrics(out / "model")["weights_sha256"]
+  # Vertex restarts a replica that had finished: it exports the same model again, training nothing.
+  again = procs.run_trainer(args + ["--train_steps=40", "--checkpoint_every_steps=20"])
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert f"The checkpoint in {out}/checkpoints is at the final step 40: training is done" in again.stderr
+  metrics = final_metrics(out / "model")
+  assert (metrics["final_step"], metrics["resumed_from_step"], metrics["weights_sha256"]) == (40, 40, digest)
+  cases = [
+      (["--train_steps=30"], rf"^error: --checkpoint_dir: {out}/checkpoints holds a checkpoint at step 40, beyond "
+                             r"--train_steps=30; pass --train_steps >= 40 to continue that run, or use a new "
+                             r"--output_dir \(or --checkpoint_dir\), or remove that directory to start over$"),
+      (["--train_steps=80", "--hidden_units=16"],
+       rf"^error: --checkpoint_dir: checkpoint {out}/checkpoints/ckpt-40 does not match this model \(.*shape.*\); "
+       r"it was written by a different model or different model flags"),
+      (["--train_steps=80", "--hidden_units=64,32,16"],
+       rf"^error: --checkpoint_dir: checkpoint {out}/checkpoints/ckpt-40 does not match this model"),
+  ]
+  import re  # pylint: disable=g-import-not-at-top
+  for extra, message in cases:
+    result = procs.run_trainer(args + extra)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == 2 and len(errors) == 1 and re.search(message, errors[0]), (extra, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr
+  assert final_metrics(out / "model")["weights_sha256"] == digest  # the finished run's export is untouched
 
 
 def test_cnn_eagerly_still_distributed(shapes_data, tmp_path):
@@ -79,7 +135,8 @@ def test_cnn_eagerly_still_distributed(shapes_data, tmp_path):
   assert "Running eagerly (--run_eagerly)" in result.stderr
   metrics = final_metrics(out / "model")
   assert metrics["strategy"] == "MirroredStrategy" and metrics["num_replicas"] == 2
-  assert metrics["eval_accuracy"] > 0.9
+  assert metrics["eval_accuracy"] > 0.9 and metrics["eval_examples"] == 256
+  serving.assert_loaders_agree(out / "model", f"{shapes_data}/eval/*.tfrecord")
 
 
 def test_resume_after_kill_ends_at_the_same_step(churn_data, tmp_path):
@@ -127,6 +184,7 @@ def test_plugin_model(churn_data, tmp_path):
       env={"PYTHONPATH": f"{procs.REPO}:{tmp_path}"})
   assert result.returncode == 0, result.stderr[-3000:]
   assert final_metrics(out / "model")["final_step"] == 50
+  serving.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")  # plug-ins serve too
 
 
 def test_dry_run_prints_one_json_object(churn_data, tmp_path):
@@ -146,6 +204,24 @@ def test_dry_run_prints_one_json_object(churn_data, tmp_path):
   assert not os.listdir(tmp_path)  # nothing written, no peer contacted
 
 
+BAD_OUTPUT_PLUGIN = '''
+import tensorflow as tf
+
+def build(schema, hparams):  # one output unit for a two-class task
+  inputs = {f.name: tf.keras.Input((), name=f.name) for f in schema.features if f.type != "string"}
+  x = tf.keras.layers.Concatenate()([tf.keras.layers.Reshape((1,))(v) for v in inputs.values()])
+  return tf.keras.Model(inputs, tf.keras.layers.Dense(1)(x))
+
+def build_broken(schema, hparams):  # a bug in the user's own code
+  x = tf.keras.Input((3,), name="tenure_months")
+  return tf.keras.Model(x, tf.keras.layers.Dense(2)(tf.cast(x, "float64")))
+
+def build_unnamed(schema, hparams):  # a keras.Input named after no feature
+  x = tf.keras.Input((3,))
+  return tf.keras.Model(x, tf.keras.layers.Dense(2)(x))
+'''
+
+
 def _bad_cases(churn_data, tmp_path):
   good = data_args(churn_data)
   chief_worker = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}
@@ -153,6 +229,7 @@ def _bad_cases(churn_data, tmp_path):
   bad_shard = tmp_path / "mixed"
   bad_shard.mkdir()
   import shutil  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   shutil.copy(f"{churn_data}/train/schema.json", bad_shard / "schema.json")
   shutil.copy(f"{churn_data}/train/part-00000-of-00004.tfrecord", bad_shard / "a.tfrecord")
   with open(bad_shard / "b.tfrecord", "wb") as f:  # a second file with a different schema
@@ -162,8 +239,29 @@ def _bad_cases(churn_data, tmp_path):
           "other": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0]))}))
       for _ in range(500):
         writer.write(example.SerializeToString())
+  truncated = tmp_path / "truncated"  # a shard cut short, as an interrupted copy leaves it
+  truncated.mkdir()
+  shutil.copy(f"{churn_data}/train/schema.json", truncated / "schema.json")
+  shutil.copy(f"{churn_data}/train/part-00000-of-00004.tfrecord", truncated / "a.tfrecord")
+  whole = open(f"{churn_data}/train/part-00001-of-00004.tfrecord", "rb").read()
+  (truncated / "b.tfrecord").write_bytes(whole[:-7])
+  compressed = tmp_path / "compressed"  # what Beam / TFX / gzip write
+  compressed.mkdir()
+  import gzip  # pylint: disable=g-import-not-at-top
+  (compressed / "train.csv.gz").write_bytes(gzip.compress(open(f"{churn_data}/train/part-00000-of-00004.csv",
+                                                               "rb").read()))
+  with tf.io.TFRecordWriter(str(compressed / "train.tfrecord.gz"), options="GZIP") as writer:
+    for record in tf.data.TFRecordDataset(f"{churn_data}/train/part-00000-of-00004.tfrecord").take(10):
+      writer.write(record.numpy())
+  schema = f"--schema={churn_data}/train/schema.json"
+  (tmp_path / "bad_models.py").write_text(BAD_OUTPUT_PLUGIN)
+  plugin_env = {"PYTHONPATH": f"{procs.REPO}:{tmp_path}"}
   return [
       ("tf_config_json", good, {"TF_CONFIG": "{oops"}, r"TF_CONFIG is not valid JSON"),
+      ("address_without_port", good, {"TF_CONFIG": procs.tf_config({"chief": ["127.0.0.1"], "worker": ["a:2"]},
+                                                                   "chief", 0)},
+       r"^error: TF_CONFIG: address '127.0.0.1' of cluster entry 'chief' is not 'host:port' with a port in "
+       r"1\.\.65535$"),
       ("cluster_spec_json", good, {"CLUSTER_SPEC": "[]"}, r"CLUSTER_SPEC must be a JSON object"),
       ("task_type", good, {"TF_CONFIG": procs.tf_config(chief_worker, "boss", 0)},
        r"TF_CONFIG: unknown task type 'boss'"),
@@ -188,6 +286,30 @@ def _bad_cases(churn_data, tmp_path):
        r"--model='no_such_pkg.models:build': cannot import module 'no_such_pkg.models' \(ModuleNotFoundError"),
       ("not_writable", good + [f"--output_dir={tmp_path}/a_file/out"], {},
        r"--model_dir: .*a_file/out/model is not writable"),
+      # Root passes every os.access check; a read-only file system still refuses (Vertex runs as root).
+      ("read_only_fs_as_root", good + ["--output_dir=/sys/trainer-test-out"], {},
+       r"^error: --model_dir: /sys/trainer-test-out/model is not writable"),
+      ("truncated_later_shard", [f"--train_data={truncated}/*.tfrecord", "--shuffle_buffer=0",
+                                 "--global_batch_size=500"], {},
+       r"^error: --train_data/--eval_data: .*/truncated/b.tfrecord is corrupted or truncated \(.*\); write it "
+       r"again or leave it out of the pattern$"),
+      ("csv_gz", [f"--train_data={compressed}/*.csv.gz", "--data_format=csv", schema], {},
+       r"^error: --train_data: .*train.csv.gz is gzip-compressed; the trainer reads uncompressed TFRecord and CSV"),
+      ("gzip_tfrecord", [f"--train_data={compressed}/*.tfrecord.gz", schema], {},
+       r"^error: --train_data: .*train.tfrecord.gz is gzip-compressed"),
+      ("plugin_output_shape", good + ["--model=bad_models:build"], plugin_env,
+       r"^error: --model='bad_models:build': on a batch of 2 the model outputs shape \(2, 1\); the task needs "
+       r"logits over the 2 classes of label 'churned', shape \(2, 2\)$"),
+      ("plugin_input_names", good + ["--model=bad_models:build_unnamed"], plugin_env,
+       r"^error: --model='bad_models:build_unnamed': the model takes input\(s\) named \w+, which are not features"),
+      ("plugin_raises", good + ["--model=bad_models:build_broken"], plugin_env,
+       r"^error: --model='bad_models:build_broken': build_fn raised ValueError at bad_models.py line \d+: A "
+       r"KerasTensor cannot be used as input to a TensorFlow function"),
+      ("unknown_flag", good + ["--no_such_flag=1"], {}, r"^error: Unknown command line flag 'no_such_flag'"),
+      ("bad_flag_value", good + ["--global_batch_size=many"], {},
+       r"^error: flag --global_batch_size=many: invalid literal for int\(\)"),
+      ("stray_positional", good + ["train.csv"], {},
+       r"^error: unexpected positional argument\(s\): train.csv; every option is a --flag"),
   ]
 
 
@@ -203,6 +325,6 @@ def test_bad_input_fails_in_one_line_and_writes_nothing(churn_data, tmp_path):
     if result.returncode != 2 or len(error_lines) != 1 or not re.search(message, error_lines[0]) \
         or "Traceback" in result.stderr:
       failures.append(f"{name}: rc={result.returncode} {error_lines} {result.stderr[-1500:]}")
-    if os.path.exists(out / "model"):
-      failures.append(f"{name}: wrote {os.listdir(out / 'model')}")
+    if os.path.exists(out) and os.listdir(out):  # no model, and no logs/ or checkpoints/ this run began either
+      failures.append(f"{name}: left {os.listdir(out)}")
   assert not failures, "\n".join(failures)

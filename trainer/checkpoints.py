@@ -12,6 +12,17 @@ import tempfile
 from absl import logging
 
 from trainer import storage
+from trainer.errors import UserError
+
+_WHAT_TO_DO = "use a new --output_dir (or --checkpoint_dir), or remove that directory to start over"
+
+
+def check_resume_step(step: int, train_steps: int, *, directory: str) -> None:
+  """A checkpoint beyond the final step belongs to another run: training on would silently do nothing."""
+  if step > train_steps:
+    raise UserError(f"--checkpoint_dir: {directory} holds a checkpoint at step {step}, beyond "
+                    f"--train_steps={train_steps}; pass --train_steps >= {step} to continue that run, or "
+                    f"{_WHAT_TO_DO}")
 
 
 class CheckpointKeeper:
@@ -26,13 +37,27 @@ class CheckpointKeeper:
     self._manager = tf.train.CheckpointManager(checkpoint, self._temp_dir or directory, max_to_keep=max_to_keep)
 
   def restore_latest(self) -> str | None:
-    """Restores the chief's latest checkpoint, if any; returns its path."""
+    """Restores the chief's latest checkpoint, if any; returns its path.
+
+    A checkpoint written by another model (other layers or sizes) is a UserError naming it: restoring it
+    partially would train a model that is neither the old one nor a fresh one.
+    """
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
     path = tf.train.latest_checkpoint(self._directory)
-    if path:
-      self._checkpoint.restore(path).expect_partial()
-      logging.info("Restored checkpoint %s", path)
+    if not path:
+      return None
+    try:
+      status = self._checkpoint.restore(path)
+      # Every variable of this model and optimizer must come from the checkpoint (one that is missing means
+      # the model changed), and every value in the checkpoint must land somewhere.
+      status.assert_existing_objects_matched()
+      status.assert_consumed()
+    except (AssertionError, ValueError, tf.errors.OpError) as e:
+      detail = str(getattr(e, "message", None) or e).strip().splitlines()[0][:300]
+      raise UserError(f"--checkpoint_dir: checkpoint {path} does not match this model ({detail}); it was "
+                      f"written by a different model or different model flags; {_WHAT_TO_DO}") from None
+    logging.info("Restored checkpoint %s", path)
     return path
 
   def save(self, step: int) -> None:

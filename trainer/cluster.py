@@ -186,6 +186,11 @@ def _task_index(raw: Any, variable: str) -> int:
 def _address_list(raw: Any, variable: str, name: str) -> tuple[str, ...]:
   if not isinstance(raw, list) or not all(isinstance(a, str) and a for a in raw):
     raise UserError(f"{variable}: cluster entry {name!r} must be a list of 'host:port' strings, got {raw!r}")
+  for address in raw:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+      raise UserError(f"{variable}: address {address!r} of cluster entry {name!r} is not 'host:port' with a "
+                      "port in 1..65535")
   return tuple(raw)
 
 

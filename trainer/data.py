@@ -50,9 +50,44 @@ def check_first_record(path: str, schema: schema_lib.Schema, data_format: str, *
     _check_first_example(path, schema, flag=flag)
 
 
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _check_not_compressed(path: str, *, flag: str) -> None:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  try:
+    with tf.io.gfile.GFile(path, "rb") as f:
+      magic = f.read(2)
+  except tf.errors.OpError as e:
+    raise UserError(f"{flag}: cannot read {path}: {e.message.splitlines()[0]}") from None
+  if magic == _GZIP_MAGIC:
+    raise UserError(f"{flag}: {path} is gzip-compressed; the trainer reads uncompressed TFRecord and CSV files: "
+                    "decompress it, or stage it with scripts/stage_data.py (which reads gzip)")
+
+
+def find_corrupt_file(files: list[str], *, budget_secs: float = 120.0) -> tuple[str, str] | None:
+  """(path, reason) of the first TFRecord file that cannot be read to the end, or None (also when the
+  reads take longer than `budget_secs`: this runs on the failure path only, to name the file)."""
+  import time  # pylint: disable=g-import-not-at-top
+
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  deadline = time.monotonic() + budget_secs
+  for path in files:
+    try:
+      for _ in tf.compat.v1.io.tf_record_iterator(path):
+        if time.monotonic() > deadline:
+          return None
+    except tf.errors.OpError as e:
+      return path, (e.message or type(e).__name__).strip().splitlines()[0]
+  return None
+
+
 def _check_first_example(path: str, schema: schema_lib.Schema, *, flag: str) -> None:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+  _check_not_compressed(path, flag=flag)
   try:
     first = next(iter(tf.compat.v1.io.tf_record_iterator(path)), None)
   except tf.errors.OpError as e:
@@ -113,11 +148,19 @@ def _check_first_csv_row(path: str, schema: schema_lib.Schema, *, flag: str) -> 
 def _read_csv_head(path: str, *, flag: str) -> tuple[list[str], list[str] | None]:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+  _check_not_compressed(path, flag=flag)
   try:
-    with tf.io.gfile.GFile(path, "r") as f:
+    with tf.io.gfile.GFile(path, "rb") as f:
       head = f.read(64 * 1024)
   except tf.errors.OpError as e:
     raise UserError(f"{flag}: cannot read {path}: {e.message.splitlines()[0]}") from None
+  try:
+    head = head.decode("utf-8")
+  except UnicodeDecodeError as e:
+    if e.start < len(head) - 3:  # not merely a character cut at the end of the 64 KiB read
+      raise UserError(f"{flag}: {path} is not UTF-8 text (byte {e.start}); expected a CSV file with a "
+                      "header row") from None
+    head = head[:e.start].decode("utf-8")
   rows = list(csv.reader(io.StringIO(head)))
   if not rows:
     raise UserError(f"{flag}: {path} is empty; expected a CSV file with a header row")
@@ -188,18 +231,24 @@ def raw_serving_specs(schema: schema_lib.Schema):
 
 def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, data_format: str, global_batch_size: int,
                     training: bool, shuffle_buffer: int = 10_000, seed: int | None = None,
-                    repeat: bool = True, csv_header: list[str] | None = None,
-                    select: list[str] | None = None, deterministic: bool = False) -> Callable:
+                    repeat: bool | None = None, csv_header: list[str] | None = None,
+                    select: list[str] | None = None, deterministic: bool = False,
+                    max_batches: int | None = None) -> Callable:
   """Returns `dataset_fn(input_context)` for `strategy.distribute_datasets_from_function`.
 
   Each input pipeline reads its own subset of files when there are at least as many files as pipelines
   (else every pipeline reads all files and keeps every n-th record), and batches to the per-replica size.
+  Training data repeats forever in full batches. Evaluation data is one pass: every example once, the last
+  batch partial (the strategy's distributed iterator pads replicas and workers that run out with empty
+  batches, so every worker runs the same number of steps); `max_batches` stops it earlier. `repeat`
+  overrides the default (tests read one training pass).
   `select` keeps only those encoded features (Keras `fit` wants exactly the model's inputs).
   `deterministic` keeps the order fixed across runs even while training (reproducible weights).
   """
 
   if data_format == "csv" and csv_header is None:
     raise ValueError("csv_header is required for CSV data")
+  repeat = training if repeat is None else repeat
 
   def dataset_fn(input_context=None):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -230,8 +279,10 @@ def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, data_format:
         deterministic=deterministic or shard_records or not training)
     if shard_records:
       ds = ds.shard(num_pipelines, pipeline_id)
-    ds = ds.batch(batch_size, drop_remainder=True, num_parallel_calls=tf.data.AUTOTUNE,
+    ds = ds.batch(batch_size, drop_remainder=training, num_parallel_calls=tf.data.AUTOTUNE,
                   deterministic=deterministic or not training)
+    if max_batches is not None:
+      ds = ds.take(max_batches)
     encoder = FeatureEncoder(schema)  # built here: ParameterServerStrategy needs tables made inside dataset_fn
     parse = _batch_parser(schema, data_format, encoder, csv_layout)
     if select is not None:

@@ -157,3 +157,26 @@ def _parse_hparams(text: str) -> dict[str, Any]:
   if not isinstance(value, dict):
     raise UserError(f"--hparams must be a JSON object, got {text!r}")
   return value
+
+
+# Stand-ins for what Vertex provides at run time, so `check_args` can validate a job's args before it exists.
+_PLACEHOLDER_ENV = config_lib.Environment(
+    aip_training_data_uri="gs://placeholder/train/*", aip_model_dir="gs://placeholder/model",
+    aip_checkpoint_dir="gs://placeholder/checkpoints", aip_tensorboard_log_dir="gs://placeholder/logs")
+
+
+def check_args(args: list[str], *, where: str) -> None:
+  """Parses trainer args and validates their values as the trainer will, touching nothing (for tooling that
+  submits or starts jobs: a bad arg fails here, not on Vertex after machines are provisioned)."""
+  values = flags.FlagValues()
+  define_flags(values)
+  try:
+    rest = values(["trainer.task", *args])
+  except flags.Error as e:
+    raise UserError(f"{where}: trainer args rejected: {' '.join(str(e).split())}") from None
+  if len(rest) > 1:
+    raise UserError(f"{where}: trainer args rejected: unexpected positional argument(s) {' '.join(rest[1:])}")
+  try:
+    config_from_flags(values, _PLACEHOLDER_ENV)
+  except UserError as e:
+    raise UserError(f"{where}: trainer args rejected: {e}") from None

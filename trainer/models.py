@@ -50,12 +50,75 @@ def resolve_builder(name: str) -> Callable[..., Any]:
     del model_config
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-    model = build_fn(schema, dict(hparams))
+    try:
+      model = build_fn(schema, dict(hparams))
+    except UserError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except  (the user's code: name it and where it failed)
+      raise UserError(f"--model={name!r}: build_fn raised {type(e).__name__}{_user_frame(e, module)}: "
+                      f"{_first_line(e)}") from None
     if not isinstance(model, tf.keras.Model):
       raise UserError(f"--model={name!r}: build_fn returned {type(model).__name__}, expected a keras.Model")
+    check_outputs(model, schema, flag=f"--model={name!r}")
     return model
 
   return build_plugin
+
+
+def _first_line(error: BaseException) -> str:
+  text = str(error).strip()
+  return text.splitlines()[0][:300] if text else "(no message)"
+
+
+def _user_frame(error: BaseException, module) -> str:
+  """' at FILE line N' for the deepest frame of the traceback inside the plug-in's own file, if any."""
+  import os  # pylint: disable=g-import-not-at-top
+  import traceback  # pylint: disable=g-import-not-at-top
+
+  path = getattr(module, "__file__", None)
+  frames = [f for f in traceback.extract_tb(error.__traceback__) if path and f.filename == path]
+  return f" at {os.path.basename(path)} line {frames[-1].lineno}" if frames else ""
+
+
+def sample_batch(schema: schema_lib.Schema, size: int = 2) -> dict[str, Any]:
+  """A batch of encoded features as the input pipeline makes them (zeros): float32, int64 ids, images."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  batch = {}
+  for feature in schema.features:
+    if feature.is_categorical:
+      batch[feature.name] = tf.zeros([size], tf.int64)
+    elif feature.type == "image":
+      batch[feature.name] = tf.zeros((size,) + feature.shape, tf.float32)
+    else:
+      batch[feature.name] = tf.zeros([size], tf.float32)
+  return batch
+
+
+def check_outputs(model, schema: schema_lib.Schema, *, flag: str) -> None:
+  """Runs `model` on one batch built from the schema and checks its output fits the task, in one line."""
+  names = input_names(model)
+  features = [f.name for f in schema.features]
+  unknown = [n for n in names or () if n not in features]
+  if unknown:
+    raise UserError(f"{flag}: the model takes input(s) named {', '.join(unknown)}, which are not features of the "
+                    f"schema ({', '.join(features)}); name each keras.Input after the feature it takes")
+  size = 2
+  try:
+    outputs = model(select_inputs(sample_batch(schema, size), names), training=False)
+  except Exception as e:  # pylint: disable=broad-except  (the user's code: any failure is theirs to see)
+    raise UserError(f"{flag}: calling the model on a batch of the schema's features failed "
+                    f"({type(e).__name__}: {_first_line(e)})") from None
+  shape = tuple(getattr(outputs, "shape", ()))
+  if schema.task == "classification":
+    expected, fits = f"({size}, {schema.label.num_classes})", shape == (size, schema.label.num_classes)
+    what = f"logits over the {schema.label.num_classes} classes of label {schema.label.name!r}"
+  else:
+    expected, fits = f"({size},) or ({size}, 1)", shape in ((size,), (size, 1))
+    what = f"one value per example for the regression label {schema.label.name!r}"
+  if not fits:
+    raise UserError(f"{flag}: on a batch of {size} the model outputs shape {shape}; the task needs {what}, "
+                    f"shape {expected}")
 
 
 def output_units(schema: schema_lib.Schema) -> int:

@@ -94,9 +94,6 @@ def make_plan(config: config_lib.Config, env: config_lib.Environment, *, num_gpu
     issue = "keras-team/keras#20585" if choice.name == "multi_worker_mirrored" else "keras-team/keras#18624"
     raise UserError(f"--loop=fit does not work under {choice.class_name} with Keras {keras_version} ({issue}); "
                     "use --loop=custom, or install tf_keras and set TF_USE_LEGACY_KERAS=1")
-  if train.loop == "fit" and train.train_steps and train.train_steps % train.checkpoint_every_steps:
-    raise UserError(f"--loop=fit runs whole epochs of --checkpoint_every_steps={train.checkpoint_every_steps}; "
-                    f"--train_steps={train.train_steps} must be a multiple of it")
   if choice.name == "parameter_server" and not role.cluster.get(cluster_lib.CHIEF):
     raise UserError("a cluster with parameter servers needs a chief (Vertex workerpool0) to coordinate "
                     f"training; got {', '.join(role.cluster)}")
@@ -164,10 +161,21 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
 
     return evaluator.run_sidecar(job)
 
+  # Dirs this run creates are removed again if it fails on bad input found only now (a record deep in the
+  # data, a plug-in model, a checkpoint of another model): what is left must not look like a result.
+  created = [d for d in (config.output.tensorboard_dir, config.output.checkpoint_dir)
+             if role.is_chief and not tf.io.gfile.exists(d)]
   try:
-    result = (training.fit_loop if config.train.loop == "fit" else training.custom_loop)(job)
-  except tf.errors.InvalidArgumentError as e:
-    raise _data_error(e, config) from None
+    try:
+      result = (training.fit_loop if config.train.loop == "fit" else training.custom_loop)(job)
+    except tf.errors.DataLossError as e:
+      raise _corrupt_file_error(e, train_files + eval_files, config) from None
+    except tf.errors.InvalidArgumentError as e:
+      raise _data_error(e, config) from None
+  except UserError:
+    for directory in created:
+      storage.remove_tree(directory)
+    raise
 
   from trainer import export  # pylint: disable=g-import-not-at-top
 
@@ -244,6 +252,20 @@ def _data_error(error, config: config_lib.Config) -> Exception:
       return UserError(f"a record in --train_data/--eval_data does not match the schema "
                        f"{config.data.schema_path}: {detail}")
   return error
+
+
+def _corrupt_file_error(error, files: list[str], config: config_lib.Config) -> Exception:
+  """A truncated or corrupted TFRecord: names the file (TF's message does not), found by reading them."""
+  if config.data.format != "tfrecord":
+    return error
+  found = data_lib.find_corrupt_file(files)
+  detail = (error.message or "").strip().splitlines()[0].split(" [[")[0]
+  if found is None:
+    return UserError(f"--train_data/--eval_data: a file is corrupted or truncated ({detail}); none of the "
+                     f"{len(files)} files could be named (read again at the end)")
+  path, reason = found
+  return UserError(f"--train_data/--eval_data: {path} is corrupted or truncated ({reason}); write it again "
+                   "or leave it out of the pattern")
 
 
 def _serve_forever(role: cluster_lib.ClusterRole) -> None:

@@ -8,6 +8,7 @@ Under ParameterServerStrategy the chief schedules the same step on workers throu
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any, Callable
 
@@ -37,17 +38,19 @@ class Job:
   train_steps: int
   interactive: bool
   build_model: Callable[..., Any]
-  eval_batches: int | None = None  # resolved once by eval_steps_for (counting the eval data is a full pass)
 
   def dataset_fn(self, split: str, *, select: list[str] | None = None) -> Callable:
+    """Training data repeats; eval data is one pass (or --eval_steps batches) with the last batch partial."""
     cfg = self.config
-    files = self.train_files if split == "train" else self.eval_files
+    training = split == "train"
+    files = self.train_files if training else self.eval_files
     return data_lib.make_dataset_fn(
         files, self.schema, data_format=cfg.data.format, global_batch_size=cfg.train.global_batch_size,
-        training=split == "train", shuffle_buffer=cfg.data.shuffle_buffer,
+        training=training, shuffle_buffer=cfg.data.shuffle_buffer,
         # Under parameter servers every worker reads all files: distinct seeds keep their orders apart.
         seed=None if self.strategy_name == "parameter_server" else cfg.train.seed,
-        csv_header=self.csv_headers.get(split), select=select, deterministic=cfg.data.deterministic)
+        csv_header=self.csv_headers.get(split), select=select, deterministic=cfg.data.deterministic,
+        max_batches=None if training else cfg.train.eval_steps)
 
 
 @dataclasses.dataclass
@@ -154,8 +157,7 @@ def custom_loop(job: Job) -> TrainResult:
   objective = Objective(job.schema)
   keeper, summaries = _checkpoints_and_summaries(job, model, optimizer)
   try:
-    keeper.restore_latest()
-    start_step = int(optimizer.iterations.numpy())
+    start_step = _resume(job, keeper, optimizer)
 
     def replica_step(features, labels):
       with tf.GradientTape() as tape:
@@ -208,7 +210,7 @@ def custom_loop(job: Job) -> TrainResult:
       if current % cfg.checkpoint_every_steps == 0 or current == job.train_steps:
         keeper.save(current)
     final_step = int(optimizer.iterations.numpy())
-    eval_metrics = evaluate(job, model, objective) if job.eval_files else {}
+    eval_metrics = evaluate(job, model, objective)
     if eval_metrics:
       summaries.scalars("eval", final_step, eval_metrics)
     return TrainResult(final_step=final_step, resumed_from_step=start_step, train_loss=loss,
@@ -246,69 +248,75 @@ def _coordinated_steps(job: Job, replica_step: Callable) -> Callable[[int], floa
   return run_steps
 
 
-def eval_steps_for(job: Job) -> int:
-  """--eval_steps, or one pass over the eval data; counted once per job (the side-car evaluates many times)."""
-  if job.eval_batches is None:
-    cfg = job.config.train
-    if cfg.eval_steps is not None:
-      job.eval_batches = cfg.eval_steps
-    else:
-      count = data_lib.count_records(job.eval_files, job.config.data.format)
-      job.eval_batches = max(1, count // cfg.global_batch_size)
-  return job.eval_batches
+def _resume(job: Job, keeper: checkpoints.CheckpointKeeper, optimizer) -> int:
+  """Restores the latest checkpoint and returns its step; one at --train_steps means a finished run."""
+  keeper.restore_latest()
+  start_step = int(optimizer.iterations.numpy())
+  checkpoints.check_resume_step(start_step, job.train_steps, directory=job.config.output.checkpoint_dir)
+  if start_step == job.train_steps:
+    logging.info("The checkpoint in %s is at the final step %d: training is done, evaluating and exporting it",
+                 job.config.output.checkpoint_dir, start_step)
+  elif start_step:
+    logging.info("Resuming at step %d of %d", start_step, job.train_steps)
+  return start_step
 
 
 def evaluate(job: Job, model, objective: Objective) -> dict[str, float]:
-  """Loss and accuracy (or MAE) over `eval_steps` global batches of the eval data."""
+  """Loss and accuracy (or MAE) over one pass of the eval data (or --eval_steps batches); {} when skipped.
+
+  Every example counts once, the partial last batch included, under every strategy: `examples` is the true
+  count. The sums are reduced across replicas (and workers) before dividing, so the metrics are exact means.
+  """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  num_steps = eval_steps_for(job)
-  if num_steps == 0:
+  if not job.eval_files or job.config.train.eval_steps == 0:
     return {}
   names = models.input_names(model)
   strategy = job.strategy
+
+  def batch_sums(features, labels):
+    return objective.batch_sums(labels, model(models.select_inputs(features, names), training=False))
+
   if job.strategy_name == "parameter_server":
     # Inline evaluation on the coordinator: variables are read from the parameter servers.
-    dataset = job.dataset_fn("eval")(None)
-
-    @tf.function
-    def eval_batch(features, labels):
-      return objective.batch_sums(labels, model(models.select_inputs(features, names), training=False))
-
-    sums = tf.zeros([3])
-    for features, labels in dataset.take(num_steps):
+    eval_batch = tf.function(batch_sums)
+    sums, batches = tf.zeros([3]), 0
+    for features, labels in job.dataset_fn("eval")(None):
       sums += eval_batch(features, labels)
+      batches += 1
   else:
-    iterator = iter(strategy.distribute_datasets_from_function(job.dataset_fn("eval")))
 
     @tf.function
-    def eval_steps(iterator, num_steps):
-      total = tf.zeros([3])
-      for _ in tf.range(num_steps):
-        features, labels = next(iterator)
-        outputs = strategy.run(
-            lambda f, l: objective.batch_sums(l, model(models.select_inputs(f, names), training=False)),
-            args=(features, labels))
-        total += strategy.reduce(tf.distribute.ReduceOp.SUM, outputs, axis=None)
-      return total
+    def eval_pass(dataset):
+      total, steps = tf.zeros([3]), tf.constant(0)
+      for features, labels in dataset:  # ends together on every worker (empty batches pad the short ones)
+        total += strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(batch_sums, args=(features, labels)),
+                                 axis=None)
+        steps += 1
+      return total, steps
 
-    sums = eval_steps(iterator, tf.constant(num_steps))
+    sums, batches = eval_pass(strategy.distribute_datasets_from_function(job.dataset_fn("eval")))
+    batches = int(batches)
   metrics = objective.finalize(sums.numpy())
-  logging.info("Eval over %d batches: %s", num_steps, metrics)
+  logging.info("Eval over %d batches: %s", batches, metrics)
   return metrics
 
 
 class _CheckpointEveryEpoch:
-  """Keras callback (built lazily, so this module imports without TensorFlow) that saves each epoch."""
+  """Keras callback (built lazily, so this module imports without TensorFlow): saves each epoch and, with
+  `stop_at_final_step`, stops `fit` exactly at the final step (the last Keras epoch may be shorter than a
+  checkpoint period)."""
 
   @staticmethod
-  def create(keeper: checkpoints.CheckpointKeeper, optimizer, reporter, summaries, global_batch_size: int):
+  def create(keeper: checkpoints.CheckpointKeeper, optimizer, reporter, summaries, *, global_batch_size: int,
+             train_steps: int, stop_at_final_step: bool):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
     class Callback(tf.keras.callbacks.Callback):
 
       def on_epoch_begin(self, epoch, logs=None):
         self._start = time.monotonic()
+        self._start_step = int(optimizer.iterations.numpy())
 
       def on_epoch_end(self, epoch, logs=None):
         step = int(optimizer.iterations.numpy())
@@ -316,22 +324,58 @@ class _CheckpointEveryEpoch:
         values = {k: float(v) for k, v in (logs or {}).items()}
         elapsed = time.monotonic() - self._start
         if elapsed > 0:
-          values["examples_per_sec"] = self.params["steps"] * global_batch_size / elapsed
+          values["examples_per_sec"] = (step - self._start_step) * global_batch_size / elapsed
         reporter.update(step, values)
         summaries.scalars("train", step, values)
 
-    return Callback()
+    class StoppingCallback(Callback):
+
+      def on_train_batch_end(self, batch, logs=None):
+        if int(optimizer.iterations.numpy()) >= train_steps:
+          self.model.stop_training = True  # Keras checks it after every batch, then still ends the epoch
+
+    return StoppingCallback() if stop_at_final_step else Callback()
+
+
+def fit_calls(start_step: int, train_steps: int, steps_per_epoch: int, *,
+              stop_at_final_step: bool) -> list[tuple[int, int, int]]:
+  """The `model.fit` calls, as (initial_epoch, epochs, steps_per_epoch), that end exactly at `train_steps`.
+
+  With a batch-level stop, one call whose last epoch is cut short. Without (Keras rejects batch-level
+  callbacks under ParameterServerStrategy), the whole epochs first and the remainder as one shorter epoch.
+  """
+  if start_step >= train_steps:
+    return []
+  if stop_at_final_step:
+    return [(start_step // steps_per_epoch, -(-train_steps // steps_per_epoch), steps_per_epoch)]
+  whole, remainder = divmod(train_steps - start_step, steps_per_epoch)
+  first_epoch = start_step // steps_per_epoch
+  calls = [(first_epoch, first_epoch + whole, steps_per_epoch)] if whole else []
+  if remainder:
+    calls.append((first_epoch + whole, first_epoch + whole + 1, remainder))
+  return calls
+
+
+def fit_steps_per_execution(*, steps_per_loop: int, checkpoint_every_steps: int, train_steps: int) -> int:
+  """Steps per Keras execution that land exactly on every checkpoint and on the final step."""
+  return math.gcd(steps_per_loop, checkpoint_every_steps, train_steps)
 
 
 def fit_loop(job: Job) -> TrainResult:
-  """Keras `model.fit` inside `strategy.scope()`; one Keras epoch is one checkpoint period."""
+  """Keras `model.fit` inside `strategy.scope()`; one Keras epoch is one checkpoint period, and training
+  stops at exactly `job.train_steps` (so `--epochs` means passes over the data under both loops)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   cfg = job.config.train
   strategy = job.strategy
   objective = Objective(job.schema)
-  steps_per_execution = cfg.steps_per_loop
-  if strategy.num_replicas_in_sync > 1 and models.keras_version().startswith("3."):
+  steps_per_execution = fit_steps_per_execution(steps_per_loop=cfg.steps_per_loop,
+                                                checkpoint_every_steps=cfg.checkpoint_every_steps,
+                                                train_steps=job.train_steps)
+  if steps_per_execution != cfg.steps_per_loop:
+    logging.info("fit: steps_per_execution=%d, so that executions end on every checkpoint (every %d steps) "
+                 "and on the final step %d", steps_per_execution, cfg.checkpoint_every_steps, job.train_steps)
+  if strategy.num_replicas_in_sync > 1 and models.keras_version().startswith("3.") and steps_per_execution > 1:
     # Keras 3 fails under mirrored strategies with steps_per_execution > 1 ("You must feed a value for
     # placeholder tensor ... while/cond"), measured with Keras 3.15.1 / TF 2.21.
     logging.info("fit: steps_per_execution=1 (Keras %s cannot run several steps per call under %d replicas)",
@@ -344,30 +388,27 @@ def fit_loop(job: Job) -> TrainResult:
   names = models.input_names(model)
   keeper, summaries = _checkpoints_and_summaries(job, model, optimizer)
   try:
-    keeper.restore_latest()
-    start_step = int(optimizer.iterations.numpy())
+    start_step = _resume(job, keeper, optimizer)
     steps_per_epoch = cfg.checkpoint_every_steps
     reporter = progress_lib.ProgressReporter(job.train_steps, start_step=start_step, interactive=job.interactive)
-    callback = _CheckpointEveryEpoch.create(keeper, optimizer, reporter, summaries, cfg.global_batch_size)
-    if job.strategy_name == "parameter_server":
-      train_data = tf.keras.utils.experimental.DatasetCreator(job.dataset_fn("train", select=names))
-    else:
-      train_data = strategy.distribute_datasets_from_function(job.dataset_fn("train", select=names))
-    history = model.fit(train_data, epochs=job.train_steps // steps_per_epoch,
-                        initial_epoch=start_step // steps_per_epoch, steps_per_epoch=steps_per_epoch,
-                        callbacks=[callback], verbose=0)
-    losses = history.history.get("loss") or [None]
+    parameter_server = job.strategy_name == "parameter_server"
+    callback = _CheckpointEveryEpoch.create(keeper, optimizer, reporter, summaries,
+                                            global_batch_size=cfg.global_batch_size, train_steps=job.train_steps,
+                                            stop_at_final_step=not parameter_server)
+    losses = [None]
+    for initial_epoch, epochs, epoch_steps in fit_calls(start_step, job.train_steps, steps_per_epoch,
+                                                        stop_at_final_step=not parameter_server):
+      if parameter_server:
+        train_data = tf.keras.utils.experimental.DatasetCreator(job.dataset_fn("train", select=names))
+      else:
+        train_data = strategy.distribute_datasets_from_function(job.dataset_fn("train", select=names))
+      history = model.fit(train_data, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=epoch_steps,
+                          callbacks=[callback], verbose=0)
+      losses = history.history.get("loss") or losses
     final_step = int(optimizer.iterations.numpy())
-    eval_metrics = {}
-    if job.eval_files:
-      num_steps = eval_steps_for(job)
-      if num_steps:
-        eval_data = strategy.distribute_datasets_from_function(job.dataset_fn("eval", select=names))
-        results = model.evaluate(eval_data, steps=num_steps, return_dict=True, verbose=0)
-        eval_metrics = {k: float(v) for k, v in results.items()}
-        eval_metrics["examples"] = num_steps * cfg.global_batch_size
-        logging.info("Eval over %d batches: %s", num_steps, eval_metrics)
-        summaries.scalars("eval", final_step, eval_metrics)
+    eval_metrics = evaluate(job, model, objective)
+    if eval_metrics:
+      summaries.scalars("eval", final_step, eval_metrics)
     return TrainResult(final_step=final_step, resumed_from_step=start_step, train_loss=losses[-1],
                        examples_per_sec=None, eval_metrics=eval_metrics, model=model)
   finally:
