@@ -7,7 +7,8 @@
 CSV rows (plain or gzip, with a header) are converted to `tf.train.Example`s with the schema's types; TFRecord
 files (plain or gzip) are re-sharded as they are. Shards are written to a local scratch dir, then uploaded in
 parallel with google-cloud-storage (the Python client is the right tool for bulk uploads; on the emulator it goes
-anonymous by itself through STORAGE_EMULATOR_HOST). `schema.json` lands beside the shards, where the trainer looks for it by default.
+anonymous by itself through STORAGE_EMULATOR_HOST). `schema.json` lands beside the shards, where the trainer
+looks for it by default.
 """
 
 from __future__ import annotations

@@ -40,9 +40,9 @@ def _staged(destination):
   rows = []
   for record in tf.data.TFRecordDataset(files):
     feature = tf.train.Example.FromString(record.numpy()).features.feature
+    text = {name: feature[name].bytes_list.value[0].decode() for name in ("city", "note")}
     rows.append({"age": feature["age"].float_list.value[0], "visits": feature["visits"].int64_list.value[0],
-                 "city": feature["city"].bytes_list.value[0].decode(), "note": feature["note"].bytes_list.value[0].decode(),
-                 "bought": feature["bought"].int64_list.value[0]})
+                 **text, "bought": feature["bought"].int64_list.value[0]})
   return sorted(rows, key=lambda r: r["age"]), json.loads(tf.io.gfile.GFile(f"{destination}/schema.json").read())
 
 

@@ -13,6 +13,7 @@ from absl import logging
 
 from trainer import storage
 from trainer.errors import UserError
+from trainer.errors import first_line
 
 _WHAT_TO_DO = "use a new --output_dir (or --checkpoint_dir), or remove that directory to start over"
 
@@ -54,8 +55,7 @@ class CheckpointKeeper:
       status.assert_existing_objects_matched()
       status.assert_consumed()
     except (AssertionError, ValueError, tf.errors.OpError) as e:
-      detail = str(getattr(e, "message", None) or e).strip().splitlines()[0][:300]
-      raise UserError(f"--checkpoint_dir: checkpoint {path} does not match this model ({detail}); it was "
+      raise UserError(f"--checkpoint_dir: checkpoint {path} does not match this model ({first_line(e)}); it was "
                       f"written by a different model or different model flags; {_WHAT_TO_DO}") from None
     logging.info("Restored checkpoint %s", path)
     return path

@@ -15,6 +15,7 @@ from typing import Callable
 
 from trainer import schema as schema_lib
 from trainer.errors import UserError
+from trainer.errors import first_line
 
 _MAX_PARALLEL_FILES = 16
 _READ_BUFFER_BYTES = 1 << 20  # large reads: few requests per gs:// object
@@ -80,7 +81,7 @@ def find_corrupt_file(files: list[str], *, budget_secs: float = 120.0) -> tuple[
         if time.monotonic() > deadline:
           return None
     except tf.errors.OpError as e:
-      return path, (e.message or type(e).__name__).strip().splitlines()[0]
+      return path, first_line(e)
   return None
 
 

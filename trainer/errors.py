@@ -10,3 +10,9 @@ class UserError(Exception):
 
   The message is one line that names what was wrong, the bad value and what would be accepted.
   """
+
+
+def first_line(error: BaseException, *, limit: int = 300) -> str:
+  """The first line of an exception's message (TensorFlow's `OpError.message` included), for a one-line error."""
+  text = str(getattr(error, "message", None) or error).strip()
+  return text.splitlines()[0].split(" [[")[0][:limit] if text else type(error).__name__

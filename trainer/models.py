@@ -11,11 +11,14 @@ A plug-in is `--model=package.module:build_fn` with `build_fn(schema, hparams) -
 from __future__ import annotations
 
 import importlib
+import os
+import traceback
 from typing import Any, Callable, Mapping
 
 from trainer import config as config_lib
 from trainer import schema as schema_lib
 from trainer.errors import UserError
+from trainer.errors import first_line
 
 
 def keras_version() -> str:
@@ -56,7 +59,7 @@ def resolve_builder(name: str) -> Callable[..., Any]:
       raise
     except Exception as e:  # pylint: disable=broad-except  (the user's code: name it and where it failed)
       raise UserError(f"--model={name!r}: build_fn raised {type(e).__name__}{_user_frame(e, module)}: "
-                      f"{_first_line(e)}") from None
+                      f"{first_line(e)}") from None
     if not isinstance(model, tf.keras.Model):
       raise UserError(f"--model={name!r}: build_fn returned {type(model).__name__}, expected a keras.Model")
     check_outputs(model, schema, flag=f"--model={name!r}")
@@ -65,16 +68,8 @@ def resolve_builder(name: str) -> Callable[..., Any]:
   return build_plugin
 
 
-def _first_line(error: BaseException) -> str:
-  text = str(error).strip()
-  return text.splitlines()[0][:300] if text else "(no message)"
-
-
 def _user_frame(error: BaseException, module) -> str:
   """' at FILE line N' for the deepest frame of the traceback inside the plug-in's own file, if any."""
-  import os  # pylint: disable=g-import-not-at-top
-  import traceback  # pylint: disable=g-import-not-at-top
-
   path = getattr(module, "__file__", None)
   frames = [f for f in traceback.extract_tb(error.__traceback__) if path and f.filename == path]
   return f" at {os.path.basename(path)} line {frames[-1].lineno}" if frames else ""
@@ -108,7 +103,7 @@ def check_outputs(model, schema: schema_lib.Schema, *, flag: str) -> None:
     outputs = model(select_inputs(sample_batch(schema, size), names), training=False)
   except Exception as e:  # pylint: disable=broad-except  (the user's code: any failure is theirs to see)
     raise UserError(f"{flag}: calling the model on a batch of the schema's features failed "
-                    f"({type(e).__name__}: {_first_line(e)})") from None
+                    f"({type(e).__name__}: {first_line(e)})") from None
   shape = tuple(getattr(outputs, "shape", ()))
   if schema.task == "classification":
     expected, fits = f"({size}, {schema.label.num_classes})", shape == (size, schema.label.num_classes)

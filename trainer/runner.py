@@ -28,6 +28,7 @@ from trainer import schema as schema_lib
 from trainer import storage
 from trainer import strategy as strategy_lib
 from trainer.errors import UserError
+from trainer.errors import first_line
 
 METRICS_FILE = "eval_metrics.json"
 CONFIG_FILE = "trainer_config.json"
@@ -259,10 +260,9 @@ def _corrupt_file_error(error, files: list[str], config: config_lib.Config) -> E
   if config.data.format != "tfrecord":
     return error
   found = data_lib.find_corrupt_file(files)
-  detail = (error.message or "").strip().splitlines()[0].split(" [[")[0]
   if found is None:
-    return UserError(f"--train_data/--eval_data: a file is corrupted or truncated ({detail}); none of the "
-                     f"{len(files)} files could be named (read again at the end)")
+    return UserError(f"--train_data/--eval_data: a file is corrupted or truncated ({first_line(error)}); reading "
+                     f"the {len(files)} files again did not find which (or took over 2 minutes)")
   path, reason = found
   return UserError(f"--train_data/--eval_data: {path} is corrupted or truncated ({reason}); write it again "
                    "or leave it out of the pattern")
