@@ -1,8 +1,8 @@
 """Input-pipeline benchmark: the trainer's pipeline on gs:// (emulated) and on local disk, against the fastest
 plain tf.data pipeline we could write and a naive one, over the same shards, in one run.
 
-    .venv/bin/python scripts/bench_input.py                     # 200k examples in 8 shards, batch 1024
-    .venv/bin/python scripts/bench_input.py --rounds=4 --num_examples=50000   # quicker, noisier
+    .venv/bin/python -m scripts.bench_input                     # 200k examples in 8 shards, batch 1024
+    .venv/bin/python -m scripts.bench_input --rounds=4 --num_examples=50000   # quicker, noisier
 
 How it measures, and why. Every pipeline runs in its own process, built once and warmed up. The processes
 take turns: one runs a timed slice (--slice_secs, after a few untimed batches) while every other one is
@@ -34,7 +34,6 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
 PIPELINES = {
     "a": "trainer pipeline, gs:// via emulator",
@@ -57,14 +56,14 @@ _UNTIMED_BATCHES = 10  # after each resume: drains what was in flight when the p
 def build(kind: str, pattern: str, schema_path: str, batch: int):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from trainer import data, schema as schema_lib  # pylint: disable=g-import-not-at-top
+  from trainer import input_pipeline, schema as schema_lib  # pylint: disable=g-import-not-at-top
 
   schema = schema_lib.load_schema(schema_path)
   files = sorted(tf.io.gfile.glob(pattern))
   if kind in ("a", "a0", "b"):
-    return data.make_dataset_fn(files, schema, data_format="tfrecord", global_batch_size=batch, training=True,
+    return input_pipeline.make_dataset_fn(files, schema, data_format="tfrecord", global_batch_size=batch, training=True,
                                 seed=1)(None)
-  kinds = {"float": tf.float32, "int": tf.int64, "string": tf.string}
+  kinds = {kind: tf.as_dtype(name) for kind, name in schema_lib.PARSE_DTYPES.items()}
   spec = {f.name: tf.io.FixedLenFeature([], kinds[f.type]) for f in schema.features}
   spec[schema.label.name] = tf.io.FixedLenFeature([], tf.int64)
   if kind == "d":  # what public samples often do
@@ -216,7 +215,7 @@ def main() -> None:
   parser.add_argument("--slice_secs", type=float, default=2.0, help="timed seconds per pipeline per round")
   args = parser.parse_args()
 
-  from scripts import demo_data, gcs_emulator, stage_data  # pylint: disable=g-import-not-at-top
+  from scripts import demo_data, emulator as emulator_lib, stage_data  # pylint: disable=g-import-not-at-top
 
   scratch = tempfile.mkdtemp(prefix="bench-input-")
   try:
@@ -233,7 +232,7 @@ def main() -> None:
         os.link(path, os.path.join(big_dir, f"c{copy}-{os.path.basename(path)}"))
     shutil.copy(f"{local_dir}/schema.json", big_dir)
     schema_path = f"{local_dir}/schema.json"
-    with gcs_emulator.running(buckets=("bench",), directory=os.path.join(scratch, "gcs")) as emulator:
+    with emulator_lib.running(buckets=("bench",), directory=os.path.join(scratch, "gcs")) as emulator:
       stage_data.upload_tree(local_dir, "gs://bench/train", client=emulator.storage_client())
       env = {**os.environ, **emulator.env, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
       env.pop("GCS_READ_CACHE_BLOCK_SIZE_MB", None)  # (a) gets the trainer's setting, (a0) TF's default

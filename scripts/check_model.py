@@ -1,7 +1,7 @@
 """Loads an exported SavedModel (local or gs://), predicts the eval split through `serving_default`, and
 checks the accuracy.
 
-    python scripts/check_model.py --model_dir=gs://BUCKET/run/model --eval_data='gs://BUCKET/data/eval/*.tfrecord' \
+    python -m scripts.check_model --model_dir=gs://BUCKET/run/model --eval_data='gs://BUCKET/data/eval/*.tfrecord' \
         --min_accuracy=0.88
 
 This is what a serving client sees: raw feature values by name in, `probabilities`/`class_id` out, from the model
@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 import numpy as np
 
-if __package__ in (None, ""):  # run as a file (python scripts/check_model.py): make `scripts` importable
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from scripts import predict  # pylint: disable=wrong-import-position
+from scripts import predict
+from trainer import schema as schema_lib
 
 
 def predict_eval(model_dir: str, eval_pattern: str, *, batch_size: int = 1024) -> dict:
@@ -31,7 +28,7 @@ def predict_eval(model_dir: str, eval_pattern: str, *, batch_size: int = 1024) -
     schema = json.load(f)["schema"]
   serving = predict.SessionModel(model_dir)
   label = schema["label"]
-  kinds = {"float": tf.float32, "int": tf.int64, "string": tf.string, "image": tf.string}
+  kinds = {kind: tf.as_dtype(name) for kind, name in schema_lib.PARSE_DTYPES.items()}
   spec = {f["name"]: tf.io.FixedLenFeature([], kinds[f["type"]]) for f in schema["features"]}
   spec[label["name"]] = tf.io.FixedLenFeature([], kinds[label["type"]])
   files = sorted(tf.io.gfile.glob(eval_pattern))

@@ -12,15 +12,15 @@ export TF_CPP_MIN_LOG_LEVEL=2 PYTHONPATH="$PWD"
 EMULATOR_DIR="$(mktemp -d)"
 "$VENV/bin/python" - "$EMULATOR_DIR" <<'PY' > "$EMULATOR_DIR/env.sh"
 import sys
-from scripts import gcs_emulator
-emulator = gcs_emulator.start(buckets=("demo-bucket",), directory=sys.argv[1])
+from scripts import emulator as emulator_lib
+emulator = emulator_lib.start(buckets=("demo-bucket",), directory=sys.argv[1])
 print(emulator.exports() + f"EMULATOR_PIDS='{' '.join(map(str, emulator.pids))}'")
 PY
 source "$EMULATOR_DIR/env.sh"
 trap 'kill $EMULATOR_PIDS 2>/dev/null || true; rm -rf "$EMULATOR_DIR"' EXIT
 
-"$VENV/bin/python" scripts/stage_data.py --demo --destination=gs://demo-bucket/data
-"$VENV/bin/python" scripts/local_vertex.py --config=cloud_configs/multi_worker_gpu.yaml --bucket=demo-bucket \
+"$VENV/bin/python" -m scripts.stage_data --demo --destination=gs://demo-bucket/data
+"$VENV/bin/python" -m scripts.local_vertex --config=cloud_configs/multi_worker_gpu.yaml --bucket=demo-bucket \
   --run_id=demo --replica_count=1=1 --args=--train_steps=600 --args=--global_batch_size=256
-"$VENV/bin/python" scripts/check_model.py --model_dir=gs://demo-bucket/runs/demo/model \
+"$VENV/bin/python" -m scripts.check_model --model_dir=gs://demo-bucket/runs/demo/model \
   --eval_data="gs://demo-bucket/data/eval/*.tfrecord" --min_accuracy=0.88

@@ -1,8 +1,8 @@
 """Deterministic, learnable demo datasets, written as sharded TFRecord and CSV with a schema.
 
-    python scripts/demo_data.py --output_dir=/tmp/demo            # churn (tabular), TFRecord + CSV
-    python scripts/demo_data.py --output_dir=gs://bucket/demo     # the same into a bucket
-    python scripts/demo_data.py --dataset=shapes --output_dir=...  # 16x16 images for the CNN
+    python -m scripts.demo_data --output_dir=/tmp/demo            # churn (tabular), TFRecord + CSV
+    python -m scripts.demo_data --output_dir=gs://bucket/demo     # the same into a bucket
+    python -m scripts.demo_data --dataset=shapes --output_dir=...  # 16x16 images for the CNN
 
 `churn` is a synthetic customer-churn table: numeric and categorical columns, a label drawn from a known
 logistic model, so a good model reaches about 0.9 accuracy (the Bayes rate is printed). `shapes` holds 16x16

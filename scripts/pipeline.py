@@ -1,10 +1,10 @@
 """A Vertex AI Pipelines (Kubeflow) pipeline whose training step is a cloud_configs/ job, and its schedule.
 
-    python scripts/pipeline.py compile  --config=cloud_configs/multi_worker_gpu.yaml --bucket=B --output=pipeline.yaml
-    python scripts/pipeline.py submit   --config=... --project=P --region=R --bucket=B --param=train_steps=2000
-    python scripts/pipeline.py schedule --config=... --project=P --region=R --bucket=B \\
+    python -m scripts.pipeline compile  --config=cloud_configs/multi_worker_gpu.yaml --bucket=B --output=pipeline.yaml
+    python -m scripts.pipeline submit   --config=... --project=P --region=R --bucket=B --param=train_steps=2000
+    python -m scripts.pipeline schedule --config=... --project=P --region=R --bucket=B \\
         --cron='0 3 * * *' --time_zone=Europe/Paris --max_concurrent_runs=1 [--start_time=... --end_time=...]
-    python scripts/pipeline.py local    --config=... --bucket=B     # every step on this machine, emulated storage
+    python -m scripts.pipeline local    --config=... --bucket=B     # every step on this machine, emulated storage
 
 Steps: `check-data` (the training and eval patterns match objects) -> `worker-pool-specs` (the config's pools with
 the run's parameters appended to the trainer args) -> `custom-training-job` (google-cloud-pipeline-components'
@@ -25,13 +25,11 @@ from typing import Any
 
 import yaml
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
-from kfp import dsl  # pylint: disable=wrong-import-position
+from kfp import dsl
 
-from scripts import submit as submit_lib  # pylint: disable=wrong-import-position
-from scripts import vertex_config  # pylint: disable=wrong-import-position
+from scripts import submit as submit_lib
+from scripts import vertex_config
 
 PIPELINE_NAME = "vertex-tf-trainer"
 # Run parameters and their defaults; anything else passed with --param is an error.
@@ -209,10 +207,7 @@ def _clients(region: str, api_endpoint: str | None):
   """
   from google.cloud import aiplatform_v1  # pylint: disable=g-import-not-at-top
 
-  kwargs: dict[str, Any] = {"client_options": {"api_endpoint": api_endpoint or f"{region}-aiplatform.googleapis.com"}}
-  if api_endpoint and api_endpoint.startswith("http://"):
-    from google.auth.credentials import AnonymousCredentials  # pylint: disable=g-import-not-at-top
-    kwargs.update(credentials=AnonymousCredentials(), transport="rest")
+  kwargs = submit_lib.client_kwargs(region, api_endpoint)
   return aiplatform_v1.PipelineServiceClient(**kwargs), aiplatform_v1.ScheduleServiceClient(**kwargs)
 
 

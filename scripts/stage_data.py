@@ -1,7 +1,7 @@
 """Stages a dataset in a Cloud Storage bucket as sharded TFRecords plus its schema.
 
-    python scripts/stage_data.py --demo --destination=gs://BUCKET/data          # the demo dataset
-    python scripts/stage_data.py --source='local/train*.csv' --schema=schema.json \\
+    python -m scripts.stage_data --demo --destination=gs://BUCKET/data          # the demo dataset
+    python -m scripts.stage_data --source='local/train*.csv' --schema=schema.json \\
         --destination=gs://BUCKET/data/train --num_shards=16                      # your own CSV or TFRecord files
 
 CSV rows (plain or gzip, with a header) are converted to `tf.train.Example`s with the schema's types; TFRecord
@@ -23,11 +23,11 @@ import sys
 import tempfile
 from typing import Iterator
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from scripts import demo_data  # pylint: disable=wrong-import-position
-from trainer import schema as schema_lib  # pylint: disable=wrong-import-position
-from trainer.errors import UserError  # pylint: disable=wrong-import-position
+from scripts import demo_data
+from trainer import paths
+from trainer import schema as schema_lib
+from trainer.errors import UserError
 
 
 class StageError(RuntimeError):
@@ -35,9 +35,10 @@ class StageError(RuntimeError):
 
 
 def split_gcs_uri(uri: str) -> tuple[str, str]:
-  if not uri.startswith("gs://") or len(uri) <= 5:
-    raise StageError(f"--destination must be gs://BUCKET/PREFIX, got {uri!r}")
-  bucket, _, prefix = uri[5:].partition("/")
+  try:
+    bucket, prefix = paths.split_gcs_uri(uri)
+  except ValueError:
+    raise StageError(f"--destination must be gs://BUCKET/PREFIX, got {uri!r}") from None
   return bucket, prefix.strip("/")
 
 

@@ -1,8 +1,8 @@
 """Build the trainer sdist, stage it to a bucket and submit a Vertex AI job from a cloud_configs/ file.
 
-    python scripts/submit.py --config=cloud_configs/multi_worker_gpu.yaml \\
+    python -m scripts.submit --config=cloud_configs/multi_worker_gpu.yaml \\
         --project=my-project --region=us-central1 --bucket=my-bucket [--args=--train_steps=5000] [--env=K=V]
-    python scripts/submit.py --config=... --dry_run     # print the request and the gcloud command; send nothing
+    python -m scripts.submit --config=... --dry_run     # print the request and the gcloud command; send nothing
 
 The config is validated (scripts/vertex_config.py) before anything is built or uploaded. A custom-job config
 becomes a CustomJob, an hp-tuning config a HyperparameterTuningJob, submitted through google-cloud-aiplatform's
@@ -26,9 +26,9 @@ import time
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
-from scripts import vertex_config  # pylint: disable=wrong-import-position
+from scripts import vertex_config
+from trainer import paths
 
 TERMINAL_STATES = {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED"}
 
@@ -58,7 +58,7 @@ def package_uri(bucket: str, archive: str) -> str:
 def upload(archive: str, uri: str, *, client=None) -> None:
   from google.cloud import storage  # pylint: disable=g-import-not-at-top
 
-  bucket_name, _, blob_name = uri[len("gs://"):].partition("/")
+  bucket_name, blob_name = paths.split_gcs_uri(uri)
   client = client or storage.Client(project=os.environ.get("PROJECT", "local-project"))
   client.bucket(bucket_name).blob(blob_name).upload_from_filename(archive)
 
@@ -107,16 +107,20 @@ def gcloud_command(kind: str, *, project: str, region: str, display_name: str, c
           f"--display-name={shlex.quote(display_name)} --config={shlex.quote(config_file)}")
 
 
+def client_kwargs(region: str, api_endpoint: str | None) -> dict[str, Any]:
+  """Keyword arguments for any aiplatform_v1 service client: the regional endpoint, or a local one (tests,
+  fakes), which is reached anonymously over plain HTTP REST."""
+  kwargs: dict[str, Any] = {"client_options": {"api_endpoint": api_endpoint or f"{region}-aiplatform.googleapis.com"}}
+  if api_endpoint and api_endpoint.startswith("http://"):
+    from google.auth.credentials import AnonymousCredentials  # pylint: disable=g-import-not-at-top
+    kwargs.update(credentials=AnonymousCredentials(), transport="rest")
+  return kwargs
+
+
 def job_client(region: str, api_endpoint: str | None):
   from google.cloud import aiplatform_v1  # pylint: disable=g-import-not-at-top
 
-  options: dict[str, Any] = {"api_endpoint": api_endpoint or f"{region}-aiplatform.googleapis.com"}
-  kwargs: dict[str, Any] = {"client_options": options}
-  if api_endpoint and api_endpoint.startswith("http://"):
-    # A local endpoint (tests, fakes): anonymous, plain HTTP REST.
-    from google.auth.credentials import AnonymousCredentials  # pylint: disable=g-import-not-at-top
-    kwargs.update(credentials=AnonymousCredentials(), transport="rest")
-  return aiplatform_v1.JobServiceClient(**kwargs)
+  return aiplatform_v1.JobServiceClient(**client_kwargs(region, api_endpoint))
 
 
 def create_job(client, kind: str, parent: str, request: dict):

@@ -6,6 +6,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh
-# No test may reach a real Google host or a metadata server.
+# No test may reach a real Google host or a metadata server (the same table: scripts/loopback.py).
 export GCE_METADATA_HOST=127.0.0.1:9 GCE_METADATA_IP=127.0.0.1:9 NO_GCE_CHECK=true TF_CPP_MIN_LOG_LEVEL=2
 exec "$VENV/bin/python" -m pytest "$@"

@@ -10,7 +10,7 @@ Validation = the real API types (`json_format.ParseDict` into aiplatform_v1 prot
 misspelled keys and bad enums) + what the types cannot see: required fields, prebuilt TF executor images,
 pool order and sizes, accelerator plausibility. Every error is one line naming the file and the field.
 
-    python scripts/vertex_config.py cloud_configs/*.yaml      # validates, prints one line per file
+    python -m scripts.vertex_config cloud_configs/*.yaml      # validates, prints one line per file
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import os
 import re
 import string
 import sys
-from typing import Any, Mapping
+from typing import Mapping
 
 import yaml
 

@@ -11,9 +11,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-for _name, _value in {"GCE_METADATA_HOST": "127.0.0.1:9", "GCE_METADATA_IP": "127.0.0.1:9",
-                      "NO_GCE_CHECK": "true", "TF_CPP_MIN_LOG_LEVEL": "2"}.items():
+from scripts import loopback  # pylint: disable=wrong-import-position
+
+for _name, _value in {**loopback.LOOPBACK_ENV, "TF_CPP_MIN_LOG_LEVEL": "2"}.items():
   os.environ.setdefault(_name, _value)
+
+# In-process loop tests run MirroredStrategy over 2 logical CPUs. The split must happen before any TensorFlow op
+# in this process, so it happens here, with the trainer's own function; the default strategy still uses one.
+IN_PROCESS_CPU_DEVICES = 2
+from trainer import strategy as _strategy_lib  # pylint: disable=wrong-import-position
+
+_strategy_lib.configure_devices(IN_PROCESS_CPU_DEVICES)
 
 
 @pytest.fixture(scope="session")
@@ -41,9 +49,9 @@ def gcs(tmp_path_factory):
 
   Its environment is also set in this process, so in-process TensorFlow and google-cloud-storage reach it.
   """
-  from scripts import gcs_emulator  # pylint: disable=g-import-not-at-top
+  from scripts import emulator as emulator_lib  # pylint: disable=g-import-not-at-top
 
-  emulator = gcs_emulator.start(buckets=("test-bucket",), directory=str(tmp_path_factory.mktemp("gcs")))
+  emulator = emulator_lib.start(buckets=("test-bucket",), directory=str(tmp_path_factory.mktemp("gcs")))
   saved = {k: os.environ.get(k) for k in emulator.env}
   os.environ.update(emulator.env)
   try:

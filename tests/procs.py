@@ -11,13 +11,13 @@ import sys
 import time
 from typing import Iterator, Mapping, Sequence
 
+from scripts import loopback
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Every test process stays on loopback: no metadata server, no real Google host.
 SAFE_ENV = {
-    "GCE_METADATA_HOST": "127.0.0.1:9",
-    "GCE_METADATA_IP": "127.0.0.1:9",
-    "NO_GCE_CHECK": "true",
+    **loopback.LOOPBACK_ENV,
     "TF_CPP_MIN_LOG_LEVEL": "2",
     "PYTHONUNBUFFERED": "1",
 }
@@ -25,9 +25,9 @@ SAFE_ENV = {
 
 def free_ports(count: int) -> list[int]:
   """Ports the OS says are free now (the local Vertex runner's own chooser)."""
-  from scripts import local_vertex  # pylint: disable=g-import-not-at-top
+  from scripts.localrun import planning  # pylint: disable=g-import-not-at-top
 
-  return local_vertex.reserve_ports(count, None)
+  return planning.reserve_ports(count, None)
 
 
 def trainer_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -7,7 +7,7 @@ from absl import flags
 
 from trainer import config as config_lib
 from trainer import flags as trainer_flags
-from trainer import runner
+from trainer import plan as plan_lib
 from trainer.errors import UserError
 
 
@@ -70,7 +70,7 @@ def test_bad_flags(parse, args, message):
 
 def _plan(parse, *args, env=None, num_gpus=0, keras="3.15.1"):
   config = parse("--train_data=/d/*", "--output_dir=/o", *args)
-  return runner.make_plan(config, config_lib.Environment.from_mapping(env or {}), num_gpus=num_gpus,
+  return plan_lib.make_plan(config, config_lib.Environment.from_mapping(env or {}), num_gpus=num_gpus,
                           keras_version=keras)
 
 
@@ -82,8 +82,8 @@ PS = json.dumps({"cluster": {"chief": ["a:1"], "worker": ["b:1"], "ps": ["c:1"]}
 def test_plan_reports_replicas(parse):
   plan = _plan(parse, "--num_cpu_devices=2", "--global_batch_size=64", env={"TF_CONFIG": MULTI})
   assert plan.choice.class_name == "MultiWorkerMirroredStrategy"
-  assert runner.replicas(plan) == 2  # on CPU each worker is one replica, logical devices or not
-  assert runner.replicas(_plan(parse, "--global_batch_size=64", env={"TF_CONFIG": MULTI}, num_gpus=4)) == 8
+  assert plan_lib.replicas(plan) == 2  # on CPU each worker is one replica, logical devices or not
+  assert plan_lib.replicas(_plan(parse, "--global_batch_size=64", env={"TF_CONFIG": MULTI}, num_gpus=4)) == 8
 
 
 @pytest.mark.parametrize("args,env,keras,message", [

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer import data
+from trainer import features as features_lib
+from trainer import input_pipeline
+from trainer import preflight
 from trainer import schema as schema_lib
 from trainer.errors import UserError
 
@@ -35,7 +37,7 @@ def test_files_are_sharded_per_input_pipeline(churn):
   parts = []
   for pipeline in range(2):
     context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pipeline, num_replicas_in_sync=2)
-    fn = data.make_dataset_fn(files, schema, data_format="tfrecord", global_batch_size=64, training=False,
+    fn = input_pipeline.make_dataset_fn(files, schema, data_format="tfrecord", global_batch_size=64, training=False,
                               repeat=False)
     ds = fn(context)
     first = next(iter(ds))
@@ -43,7 +45,7 @@ def test_files_are_sharded_per_input_pipeline(churn):
     parts.append(_ids(ds, 1000))
   assert parts[0] and parts[1]
   assert not parts[0] & parts[1], len(parts[0] & parts[1])  # disjoint
-  everything = _ids(data.make_dataset_fn(files, schema, data_format="tfrecord", global_batch_size=1,
+  everything = _ids(input_pipeline.make_dataset_fn(files, schema, data_format="tfrecord", global_batch_size=1,
                                          training=False, repeat=False)(None), 10_000)
   assert len(everything) >= 3990  # 4000 examples (a few duplicate pairs possible)
   assert len(parts[0] | parts[1]) >= len(everything) - 64  # drop_remainder loses < 1 batch per pipeline
@@ -55,7 +57,7 @@ def test_records_are_sharded_when_files_are_fewer_than_pipelines(churn):
   parts = []
   for pipeline in range(2):
     context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pipeline, num_replicas_in_sync=2)
-    ds = data.make_dataset_fn(one_file, schema, data_format="tfrecord", global_batch_size=20, training=False,
+    ds = input_pipeline.make_dataset_fn(one_file, schema, data_format="tfrecord", global_batch_size=20, training=False,
                               repeat=False)(context)
     parts.append(_ids(ds, 1000))
   assert parts[0] and parts[1] and not parts[0] & parts[1]
@@ -64,10 +66,10 @@ def test_records_are_sharded_when_files_are_fewer_than_pipelines(churn):
 def test_csv_and_tfrecord_give_the_same_examples(churn_data, churn):
   schema, files = churn
   csv_files = sorted(glob.glob(os.path.join(churn_data, "train", "*.csv")))
-  header = data.read_csv_header(csv_files[0], flag="--train_data")
-  from_csv = data.make_dataset_fn(csv_files, schema, data_format="csv", global_batch_size=50, training=False,
+  header = preflight.read_csv_header(csv_files[0], flag="--train_data")
+  from_csv = input_pipeline.make_dataset_fn(csv_files, schema, data_format="csv", global_batch_size=50, training=False,
                                   repeat=False, csv_header=header)(None)
-  from_tfrecord = data.make_dataset_fn(files, schema, data_format="tfrecord", global_batch_size=50,
+  from_tfrecord = input_pipeline.make_dataset_fn(files, schema, data_format="tfrecord", global_batch_size=50,
                                        training=False, repeat=False)(None)
   a_features, a_labels = next(iter(from_csv))
   b_features, b_labels = next(iter(from_tfrecord))
@@ -80,7 +82,7 @@ def test_csv_and_tfrecord_give_the_same_examples(churn_data, churn):
 
 def test_training_pipeline_shuffles_and_repeats(churn):
   schema, files = churn
-  ds = data.make_dataset_fn(files, schema, data_format="tfrecord", global_batch_size=1000, training=True,
+  ds = input_pipeline.make_dataset_fn(files, schema, data_format="tfrecord", global_batch_size=1000, training=True,
                             seed=1)(None)
   batches = [labels.numpy() for _, labels in ds.take(6)]  # 6000 > 4000 examples: it repeats
   assert len(batches) == 6
@@ -103,7 +105,7 @@ def numbered(tmp_path_factory):
 
 def _id_batches(numbered, *, seed, batch=100, shuffle_buffer=1000, repeat=False, take=-1, deterministic=True):
   schema, files = numbered
-  ds = data.make_dataset_fn(files, schema, data_format="tfrecord", global_batch_size=batch, training=True,
+  ds = input_pipeline.make_dataset_fn(files, schema, data_format="tfrecord", global_batch_size=batch, training=True,
                             shuffle_buffer=shuffle_buffer, seed=seed, repeat=repeat, deterministic=deterministic)
   return [features["id"].numpy().astype(int) for features, _ in ds(None).take(take)]
 
@@ -129,8 +131,8 @@ def test_shuffle_reshuffles_every_pass_and_small_buffers_still_pool_two_batches(
   first, second = np.concatenate(passes[:30]), np.concatenate(passes[30:])
   assert sorted(first.tolist()) == sorted(second.tolist()) == list(range(3000))
   assert not np.array_equal(first, second)
-  assert data.shuffle_window_batches(1, 100) == 2 and data.shuffle_window_batches(1000, 100) == 10
-  assert data.shuffle_window_batches(1001, 100) == 11
+  assert input_pipeline.shuffle_window_batches(1, 100) == 2 and input_pipeline.shuffle_window_batches(1000, 100) == 10
+  assert input_pipeline.shuffle_window_batches(1001, 100) == 11
   pooled = _id_batches(numbered, seed=3, shuffle_buffer=1)
   assert any(ids.max() >= 100 * (number // 2 * 2 + 1) for number, ids in enumerate(pooled))  # crosses batches
   assert all(np.array_equal(a, np.arange(100 * n, 100 * (n + 1)))
@@ -144,7 +146,7 @@ def test_unseeded_shuffle_differs_between_runs(numbered):
 
 def test_unknown_vocabulary_value_maps_to_zero(churn):
   schema, _ = churn
-  encoder = data.FeatureEncoder(schema)
+  encoder = features_lib.FeatureEncoder(schema)
   encoded = encoder.encode({"tenure_months": tf.constant([1.0]), "monthly_charges": tf.constant([2.0]),
                             "support_calls": tf.constant([1], tf.int64), "plan": tf.constant(["platinum"]),
                             "region": tf.constant(["east"])})
@@ -154,7 +156,7 @@ def test_unknown_vocabulary_value_maps_to_zero(churn):
 
 def test_empty_pattern_names_the_flag(tmp_path):
   with pytest.raises(UserError, match=r"^--train_data: no files match '.*/nothing-\*'; expected a file pattern"):
-    data.list_files(str(tmp_path / "nothing-*"), flag="--train_data")
+    preflight.list_files(str(tmp_path / "nothing-*"), flag="--train_data")
 
 
 def _write_example(path, **features):
@@ -177,17 +179,17 @@ def test_record_that_does_not_match_schema(churn, tmp_path):
   _write_example(path, **{k: v for k, v in good.items() if k != "plan"})
   with pytest.raises(UserError, match=r"^--train_data: the first record of .*missing.tfrecord has no feature 'plan' "
                                       r"\(it has: .*\); it does not match the schema$"):
-    data.check_first_record(path, schema, "tfrecord", flag="--train_data")
+    preflight.check_first_record(path, schema, "tfrecord", flag="--train_data")
   path = str(tmp_path / "wrongtype.tfrecord")
   _write_example(path, **{**good, "tenure_months": "long"})
   with pytest.raises(UserError, match=r"^--train_data: feature 'tenure_months' in .*wrongtype.tfrecord is a "
                                       r"bytes_list, but the schema says float \(float_list\)$"):
-    data.check_first_record(path, schema, "tfrecord", flag="--train_data")
+    preflight.check_first_record(path, schema, "tfrecord", flag="--train_data")
   path = str(tmp_path / "text.tfrecord")
   with open(path, "w") as f:
     f.write("this is not a tfrecord file at all")
   with pytest.raises(UserError, match=r"^--train_data: cannot read .*text.tfrecord as TFRecord"):
-    data.check_first_record(path, schema, "tfrecord", flag="--train_data")
+    preflight.check_first_record(path, schema, "tfrecord", flag="--train_data")
 
 
 def test_csv_that_does_not_match_schema(churn, tmp_path):
@@ -196,11 +198,11 @@ def test_csv_that_does_not_match_schema(churn, tmp_path):
   path.write_text("tenure_months,monthly_charges,support_calls,plan,churned\n1,2,3,pro,0\n")
   with pytest.raises(UserError, match=r"^--eval_data: CSV header of .*bad.csv lacks column\(s\) region named in "
                                       r"the schema"):
-    data.check_first_record(str(path), schema, "csv", flag="--eval_data")
+    preflight.check_first_record(str(path), schema, "csv", flag="--eval_data")
   path.write_text("tenure_months,monthly_charges,support_calls,plan,region,churned\nlong,2,3,pro,east,0\n")
   with pytest.raises(UserError, match=r"^--eval_data: column 'tenure_months' of .*bad.csv holds 'long', but the "
                                       r"schema says float$"):
-    data.check_first_record(str(path), schema, "csv", flag="--eval_data")
+    preflight.check_first_record(str(path), schema, "csv", flag="--eval_data")
 
 
 @pytest.mark.parametrize("value,message", [

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import procs
 from scripts import check_model
-from scripts import gcs_emulator
+from scripts import emulator as emulator_lib
 from scripts import stage_data
 
 
@@ -108,13 +108,13 @@ def test_train_from_gcs_and_serve_the_export_from_gcs(gcs, gcs_churn):
 
 def test_export_reloaded_from_gcs_predicts_like_the_model(gcs, churn_data):
   from trainer import config as config_lib  # pylint: disable=g-import-not-at-top
-  from trainer import data, export, models, schema as schema_lib  # pylint: disable=g-import-not-at-top
+  from trainer import export, features, models, schema as schema_lib  # pylint: disable=g-import-not-at-top
   schema = schema_lib.load_schema(f"{churn_data}/train/schema.json")
   model = models.build_tabular(schema, config_lib.ModelConfig(hidden_units=(8,)))
   raw = {"tenure_months": tf.constant([1.0, 40.0, 7.5]), "monthly_charges": tf.constant([20.0, 90.0, 70.0]),
          "support_calls": tf.constant([0.0, 3.0, 1.0]), "plan": tf.constant(["pro", "basic", "gold"]),
          "region": tf.constant(["east", "west", "north"])}
-  expected = tf.nn.softmax(model(data.FeatureEncoder(schema).encode(raw))).numpy()
+  expected = tf.nn.softmax(model(features.FeatureEncoder(schema).encode(raw))).numpy()
   export.export_saved_model(model, schema, "gs://test-bucket/exports/reload")
   served = tf.saved_model.load("gs://test-bucket/exports/reload").signatures["serving_default"](**raw)
   np.testing.assert_allclose(served["probabilities"].numpy(), expected, rtol=1e-6)
@@ -165,7 +165,7 @@ def test_injected_transient_failures_do_not_change_the_result(gcs, gcs_churn, ch
           "--eval_steps=5"]
   clean = procs.run_trainer(_gcs_args(gcs_churn, "gs://test-bucket/runs/clean", *args), env=gcs.env)
   assert clean.returncode == 0, clean.stderr[-3000:]
-  flaky = gcs_emulator.start(buckets=("flaky-bucket",), fail_rate=0.1, seed=3, directory=str(flaky_dir))
+  flaky = emulator_lib.start(buckets=("flaky-bucket",), fail_rate=0.1, seed=3, directory=str(flaky_dir))
   try:
     for split in ("train", "eval"):  # staged with google-cloud-storage straight to the emulator, no faults
       stage_data.upload_tree(f"{churn_data}/{split}", f"gs://flaky-bucket/churn/{split}",
@@ -200,7 +200,7 @@ def test_missing_schema_object_names_the_uri(gcs, gcs_churn):
 
 
 def test_emulator_down_fails_within_bounded_time(tmp_path):
-  emulator = gcs_emulator.start(buckets=("gone",), directory=str(tmp_path / "gone"))
+  emulator = emulator_lib.start(buckets=("gone",), directory=str(tmp_path / "gone"))
   env = emulator.env
   emulator.stop()
   started = time.monotonic()

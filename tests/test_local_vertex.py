@@ -12,6 +12,7 @@ import pytest
 
 import procs
 from scripts import local_vertex
+from scripts.localrun import planning
 from scripts import stage_data
 from scripts import vertex_config
 from trainer import cluster
@@ -25,7 +26,7 @@ def _config(name):
 
 def test_each_replica_sees_vertex_contract(tmp_path):
   body = _config("parameter_server.yaml")
-  replicas = local_vertex.plan_replicas(body, job_id="j1", job_dir=str(tmp_path), ports=list(range(7000, 7004)),
+  replicas = planning.plan_replicas(body, job_id="j1", job_dir=str(tmp_path), ports=list(range(7000, 7004)),
                                         extra_env={})
   assert [r.name for r in replicas] == ["workerpool0-0", "workerpool1-0", "workerpool1-1", "workerpool2-0"]
   for replica in replicas:
@@ -48,7 +49,7 @@ def dataclass_without_source(role, source):
 
 
 def test_accelerators_become_logical_devices(tmp_path):
-  replicas = local_vertex.plan_replicas(_config("single_multi_gpu.yaml"), job_id="j", job_dir=str(tmp_path),
+  replicas = planning.plan_replicas(_config("single_multi_gpu.yaml"), job_id="j", job_dir=str(tmp_path),
                                         ports=[7100], extra_env={})
   assert replicas[0].args[-1] == "--num_cpu_devices=4"
 
@@ -56,7 +57,7 @@ def test_accelerators_become_logical_devices(tmp_path):
 def test_evaluator_pool_is_not_in_tf_config(tmp_path):
   body = _config("single_cpu.yaml")
   body["workerPoolSpecs"] += [{}, {}, json.loads(json.dumps(body["workerPoolSpecs"][0]))]
-  replicas = local_vertex.plan_replicas(body, job_id="j", job_dir=str(tmp_path), ports=[7200, 7201], extra_env={})
+  replicas = planning.plan_replicas(body, job_id="j", job_dir=str(tmp_path), ports=[7200, 7201], extra_env={})
   evaluator = replicas[-1]
   assert evaluator.task_type == "evaluator"
   tf_config = json.loads(evaluator.env["TF_CONFIG"])
@@ -105,7 +106,7 @@ def test_local_run_end_to_end(staged, tmp_path, capsys, config, extra, strategy,
 def test_crashing_replica_fails_the_job_quickly(staged, gcs, tmp_path):
   job_dir = str(tmp_path / "job")
   job = subprocess.Popen(
-      [sys.executable, "scripts/local_vertex.py", "--config=cloud_configs/multi_worker_gpu.yaml",
+      [sys.executable, "-m", "scripts.local_vertex", "--config=cloud_configs/multi_worker_gpu.yaml",
        "--replica_count=1=1", "--args=--train_steps=100000", "--args=--log_every_steps=10", "--bucket=test-bucket",
        f"--job_dir={job_dir}", "--quiet", "--timeout_secs=400"],
       cwd=procs.REPO, env=procs.trainer_env(gcs.env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -176,7 +177,7 @@ def test_restarted_replica_resumes_from_its_checkpoint(staged, gcs, tmp_path):
   job_dir = str(tmp_path / "job")
   base = "gs://test-bucket/runs/restart"
   job = subprocess.Popen(
-      [sys.executable, "scripts/local_vertex.py", "--config=cloud_configs/single_cpu.yaml", "--run_id=restart",
+      [sys.executable, "-m", "scripts.local_vertex", "--config=cloud_configs/single_cpu.yaml", "--run_id=restart",
        "--restart_failed=1", "--args=--train_steps=3000", "--args=--checkpoint_every_steps=500",
        "--args=--global_batch_size=32", "--args=--eval_steps=4", "--bucket=test-bucket", f"--job_dir={job_dir}",
        "--quiet", "--timeout_secs=400"],

@@ -64,6 +64,7 @@ def test_parameter_server_strategy(churn_data, tmp_path):
     assert codes == {"chief": 0}, c.log("chief")[-3000:]
     assert c.procs["ps"].poll() is None and c.procs["worker"].poll() is None  # servers run until stopped
     assert "Serving ps:0" in c.log("ps")
+    assert "closures of up to 25 steps (--steps_per_loop) over 1 worker(s)" in c.log("chief")
   with open(out / "model" / "eval_metrics.json") as f:
     metrics = json.load(f)
   assert metrics["strategy"] == "ParameterServerStrategy" and metrics["final_step"] == 100

@@ -2,6 +2,7 @@
 Vertex-shaped prediction command (`python -m scripts.predict`), good requests and bad ones."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -52,7 +53,7 @@ def test_saved_model_cli_runs_the_signature(churn_export):
   """The other session-based loader users reach for first."""
   exprs = ('tenure_months=[60.0,1.0];monthly_charges=[50.0,120.0];support_calls=[0.0,6.0];'
            'plan=["pro","basic"];region=["east","south"]')
-  cli = procs.REPO + "/.venv/bin/saved_model_cli"
+  cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")  # installed with tensorflow
   result = subprocess.run([cli, "run", "--dir", str(churn_export), "--tag_set", "serve", "--signature_def",
                            "serving_default", "--input_exprs", exprs], env=procs.trainer_env(), capture_output=True,
                           text=True, timeout=120, check=False)

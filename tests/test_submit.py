@@ -27,7 +27,7 @@ def test_every_cloud_config_validates(path):
   with open(path) as f:
     first = f.readline()
   assert first.startswith("# ")  # each opens with what it is and the command that uses it
-  assert "scripts/submit.py --config=cloud_configs/" + os.path.basename(path) in open(path).read()
+  assert "python -m scripts.submit --config=cloud_configs/" + os.path.basename(path) in open(path).read()
   config = vertex_config.load(path, VALUES)
   assert config.job_spec["workerPoolSpecs"][0]["replicaCount"] == 1
 

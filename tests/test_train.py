@@ -73,27 +73,6 @@ def test_mirrored_on_two_logical_cpus(churn_data, tmp_path, loop, fmt, batch):
   assert metrics["eval_examples"] == 1000  # a multiple of the batch (100) and not (128): every example once
 
 
-@pytest.mark.parametrize("extra,examples", [(["--global_batch_size=100"], 1000),
-                                            (["--global_batch_size=64", "--eval_steps=3"], 192)])
-def test_eval_is_one_pass_unless_eval_steps_says_otherwise(churn_data, tmp_path, extra, examples):
-  out = tmp_path / "out"
-  result = procs.run_trainer(data_args(churn_data) + [f"--output_dir={out}", "--train_steps=10", *extra])
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert final_metrics(out / "model")["eval_examples"] == examples
-
-
-@pytest.mark.parametrize("loop", ["custom", "fit"])
-def test_epochs_run_exactly_their_steps_under_both_loops(churn_data, tmp_path, loop):
-  out = tmp_path / "out"
-  # 4000 examples / 128 = 31 steps; under fit this used to be 31 // 200 (checkpoint period) = 0 Keras epochs.
-  result = procs.run_trainer(data_args(churn_data) + [f"--output_dir={out}", f"--loop={loop}", "--epochs=1",
-                                                      "--global_batch_size=128", "--eval_steps=0"])
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert "1 epoch(s) of 4000 examples = 31 steps" in result.stderr
-  assert final_metrics(out / "model")["final_step"] == 31
-  assert os.path.exists(out / "checkpoints" / "ckpt-31.index")
-
-
 def test_wrong_runs_are_named_and_a_finished_run_exports_again(churn_data, tmp_path):
   out = tmp_path / "out"
   args = data_args(churn_data) + [f"--output_dir={out}", "--global_batch_size=64", "--eval_steps=2"]
@@ -232,13 +211,11 @@ def _bad_cases(churn_data, tmp_path):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   shutil.copy(f"{churn_data}/train/schema.json", bad_shard / "schema.json")
   shutil.copy(f"{churn_data}/train/part-00000-of-00004.tfrecord", bad_shard / "a.tfrecord")
-  with open(bad_shard / "b.tfrecord", "wb") as f:  # a second file with a different schema
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    with tf.io.TFRecordWriter(str(bad_shard / "b.tfrecord")) as writer:
-      example = tf.train.Example(features=tf.train.Features(feature={
-          "other": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0]))}))
-      for _ in range(500):
-        writer.write(example.SerializeToString())
+  with tf.io.TFRecordWriter(str(bad_shard / "b.tfrecord")) as writer:  # a second file with a different schema
+    example = tf.train.Example(features=tf.train.Features(feature={
+        "other": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0]))}))
+    for _ in range(500):
+      writer.write(example.SerializeToString())
   truncated = tmp_path / "truncated"  # a shard cut short, as an interrupted copy leaves it
   truncated.mkdir()
   shutil.copy(f"{churn_data}/train/schema.json", truncated / "schema.json")
@@ -313,18 +290,47 @@ def _bad_cases(churn_data, tmp_path):
   ]
 
 
-def test_bad_input_fails_in_one_line_and_writes_nothing(churn_data, tmp_path):
+def _check_failure(name, code, stderr, message, out):
+  """Problems with one bad-input run: exit 2, exactly one matching error line, no traceback, nothing left."""
+  import re  # pylint: disable=g-import-not-at-top
+  error_lines = [line for line in stderr.splitlines() if line.startswith("error: ")]
+  problems = []
+  if code != 2 or len(error_lines) != 1 or not re.search(message, error_lines[0]) or "Traceback" in stderr:
+    problems.append(f"{name}: rc={code} {error_lines} {stderr[-1500:]}")
+  if os.path.exists(out) and os.listdir(out):  # no model, and no logs/ or checkpoints/ this run began either
+    problems.append(f"{name}: left {os.listdir(out)}")
+  return problems
+
+
+def _with_output_dir(args, out):
+  return args if any(a.startswith("--output_dir") for a in args) else args + [f"--output_dir={out}"]
+
+
+def test_bad_input_fails_in_one_line_and_writes_nothing(churn_data, tmp_path, capsys, monkeypatch):
+  """Every case through the trainer's whole command, in this process (fresh flags, the case's environment)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+
+  from trainer import flags as trainer_flags  # pylint: disable=g-import-not-at-top
+  from trainer import task  # pylint: disable=g-import-not-at-top
+
+  monkeypatch.syspath_prepend(str(tmp_path))  # where the plug-in cases' module lives
   failures = []
   for name, args, env, message in _bad_cases(churn_data, tmp_path):
     out = tmp_path / f"out-{name}"
-    if not any(a.startswith("--output_dir") for a in args):
-      args = args + [f"--output_dir={out}"]
-    result = procs.run_trainer(args + ["--train_steps=20"], env=env)
-    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    import re  # pylint: disable=g-import-not-at-top
-    if result.returncode != 2 or len(error_lines) != 1 or not re.search(message, error_lines[0]) \
-        or "Traceback" in result.stderr:
-      failures.append(f"{name}: rc={result.returncode} {error_lines} {result.stderr[-1500:]}")
-    if os.path.exists(out) and os.listdir(out):  # no model, and no logs/ or checkpoints/ this run began either
-      failures.append(f"{name}: left {os.listdir(out)}")
+    values = flags.FlagValues()
+    trainer_flags.define_flags(values)
+    environ = {k: v for k, v in {**procs.SAFE_ENV, **env}.items() if k != "PYTHONPATH"}
+    code = task.run_command(["trainer.task", *_with_output_dir(args, out), "--train_steps=20"], environ,
+                            flag_values=values)
+    failures += _check_failure(name, code, capsys.readouterr().err, message, out)
   assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("name", ["unknown_flag", "bad_flag_value", "stray_positional", "truncated_later_shard"])
+def test_bad_input_through_the_command_line(churn_data, tmp_path, name):
+  """The same promise from `python -m trainer.task` itself: absl's own parsing, the process exit code."""
+  (case,) = [c for c in _bad_cases(churn_data, tmp_path) if c[0] == name]
+  _, args, env, message = case
+  out = tmp_path / "out"
+  result = procs.run_trainer(_with_output_dir(args, out) + ["--train_steps=20"], env=env)
+  assert not _check_failure(name, result.returncode, result.stderr, message, out)

@@ -26,7 +26,8 @@ EVALUATOR = "evaluator"
 
 TASK_TYPES = (CHIEF, WORKER, PS, EVALUATOR)
 _TYPE_ALIASES = {"master": CHIEF}
-_VERTEX_POOLS = {"workerpool0": CHIEF, "workerpool1": WORKER, "workerpool2": PS, "workerpool3": EVALUATOR}
+# Vertex worker pool -> TF_CONFIG task type, in pool order (workerPoolSpecs[i] is "workerpool<i>").
+VERTEX_POOLS = {"workerpool0": CHIEF, "workerpool1": WORKER, "workerpool2": PS, "workerpool3": EVALUATOR}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,15 +101,15 @@ def parse_cluster_spec(text: str, *, variable: str = "CLUSTER_SPEC") -> ClusterR
   cluster, task = _cluster_and_task(text, variable)
   normalized = {}
   for pool, addresses in cluster.items():
-    if pool not in _VERTEX_POOLS:
-      raise UserError(f"{variable}: unknown worker pool {pool!r}; expected one of {', '.join(_VERTEX_POOLS)}")
-    normalized[_VERTEX_POOLS[pool]] = _address_list(addresses, variable, pool)
+    if pool not in VERTEX_POOLS:
+      raise UserError(f"{variable}: unknown worker pool {pool!r}; expected one of {', '.join(VERTEX_POOLS)}")
+    normalized[VERTEX_POOLS[pool]] = _address_list(addresses, variable, pool)
   pool = task.get("type")
-  if pool not in _VERTEX_POOLS:
-    raise UserError(f"{variable}: unknown task type {pool!r}; expected one of {', '.join(_VERTEX_POOLS)}")
+  if pool not in VERTEX_POOLS:
+    raise UserError(f"{variable}: unknown task type {pool!r}; expected one of {', '.join(VERTEX_POOLS)}")
   trial = task.get("trial")
   return _make_role(
-      normalized, _VERTEX_POOLS[pool], _task_index(task.get("index", 0), variable), variable,
+      normalized, VERTEX_POOLS[pool], _task_index(task.get("index", 0), variable), variable,
       None if trial in (None, "") else str(trial))
 
 

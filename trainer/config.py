@@ -115,23 +115,6 @@ class Config:
     return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True, default=list)
 
 
-def normalize_path(path: str) -> str:
-  """Rewrites a Cloud Storage FUSE path `/gcs/<bucket>/...` to `gs://<bucket>/...`.
-
-  Why: TensorFlow's native `gs://` client streams and reads in parallel, which the FUSE mount cannot match,
-  and the rewrite lets the same flags run off Vertex (where nothing is mounted at /gcs). This is the only
-  place the rewrite happens.
-  """
-  if path.startswith("/gcs/") and len(path) > len("/gcs/"):
-    return "gs://" + path[len("/gcs/"):]
-  return path
-
-
-def join_path(base: str, *parts: str) -> str:
-  """Joins path segments for local and `gs://` paths alike (os.path.join would mangle `gs://` on Windows)."""
-  return "/".join([base.rstrip("/")] + [p.strip("/") for p in parts])
-
-
 def validate(config: Config) -> None:
   """Checks values that make sense on their own, before anything touches storage or devices."""
   train = config.train

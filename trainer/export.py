@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import tempfile
 
-from trainer import data as data_lib
+from trainer import features as features_lib
 from trainer import models
 from trainer import schema as schema_lib
 from trainer import storage
@@ -29,7 +29,7 @@ def serving_root(model, schema: schema_lib.Schema):
   """A trackable holding the `serve` function and the variables and tables it uses; not the model itself."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  encoder = data_lib.FeatureEncoder(schema)
+  encoder = features_lib.FeatureEncoder(schema)
   names = models.input_names(model)
 
   @tf.function
@@ -43,7 +43,7 @@ def serving_root(model, schema: schema_lib.Schema):
 
   root = tf.__internal__.tracking.AutoTrackable()
   root.serve = serve
-  concrete = serve.get_concrete_function(data_lib.raw_serving_specs(schema))
+  concrete = serve.get_concrete_function(features_lib.raw_serving_specs(schema))
   # The exact tf.Variable objects the graph reads (Keras 3 wraps them; tf_keras hands them out directly).
   root.variables = list(concrete.variables)
   root.tables = encoder.tables + _model_resources(model)

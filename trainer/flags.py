@@ -12,6 +12,7 @@ from typing import Any
 from absl import flags
 
 from trainer import config as config_lib
+from trainer import paths
 from trainer.errors import UserError
 
 
@@ -45,9 +46,11 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                     "fit: Keras model.fit inside strategy.scope().", **fv)
   flags.DEFINE_boolean("run_eagerly", False, "Run the training step eagerly (debugging); still distributed.", **fv)
   flags.DEFINE_integer("seed", 42, "Random seed for weights and shuffling.", **fv)
-  flags.DEFINE_integer("steps_per_loop", 50, "Steps run inside one tf.function call (custom loop) or one "
-                       "Keras execution (fit).", **fv)
-  flags.DEFINE_integer("log_every_steps", 50, "Steps between progress lines and TensorBoard scalars.", **fv)
+  flags.DEFINE_integer("steps_per_loop", 50, "Steps run inside one tf.function call (custom loop), at most per "
+                       "closure scheduled on a worker (parameter servers), or per Keras execution (fit; lowered "
+                       "so executions end on every checkpoint, log line and the final step).", **fv)
+  flags.DEFINE_integer("log_every_steps", 50, "Steps between progress lines and TensorBoard scalars (under fit "
+                       "with parameter servers Keras runs no batch callbacks: once per checkpoint period).", **fv)
   flags.DEFINE_integer("checkpoint_every_steps", 200, "Steps between checkpoints.", **fv)
   flags.DEFINE_integer("eval_steps", None, "Evaluation batches (default: one pass over --eval_data; 0 skips).", **fv)
   # Distribution.
@@ -78,11 +81,11 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment) -> 
   if not train_pattern:
     raise UserError("--train_data is required (or set AIP_TRAINING_DATA_URI)")
   eval_pattern = values.eval_data or env.aip_validation_data_uri
-  train_pattern = config_lib.normalize_path(train_pattern)
-  eval_pattern = config_lib.normalize_path(eval_pattern) if eval_pattern else None
+  train_pattern = paths.normalize_path(train_pattern)
+  eval_pattern = paths.normalize_path(eval_pattern) if eval_pattern else None
   schema_path = values.schema or _default_schema_path(train_pattern)
 
-  output_dir = config_lib.normalize_path(values.output_dir) if values.output_dir else None
+  output_dir = paths.normalize_path(values.output_dir) if values.output_dir else None
   model_dir = _pick_dir("--model_dir", values.model_dir, env.aip_model_dir, output_dir, "model")
   checkpoint_dir = _pick_dir("--checkpoint_dir", values.checkpoint_dir, env.aip_checkpoint_dir, output_dir,
                              "checkpoints")
@@ -101,7 +104,7 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment) -> 
       data=config_lib.DataConfig(
           train_pattern=train_pattern,
           eval_pattern=eval_pattern,
-          schema_path=config_lib.normalize_path(schema_path),
+          schema_path=paths.normalize_path(schema_path),
           format=values.data_format,
           shuffle_buffer=values.shuffle_buffer,
           deterministic=values.deterministic_input,
@@ -135,15 +138,15 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment) -> 
 
 def _default_schema_path(train_pattern: str) -> str:
   directory = train_pattern.rsplit("/", 1)[0] if "/" in train_pattern else "."
-  return config_lib.join_path(directory, "schema.json")
+  return paths.join_path(directory, "schema.json")
 
 
 def _pick_dir(flag: str, explicit: str | None, from_env: str | None, output_dir: str | None, leaf: str) -> str:
   for candidate in (explicit, from_env):
     if candidate:
-      return config_lib.normalize_path(candidate).rstrip("/")
+      return paths.normalize_path(candidate).rstrip("/")
   if output_dir:
-    return config_lib.join_path(output_dir, leaf)
+    return paths.join_path(output_dir, leaf)
   raise UserError(f"{flag} is required: pass it, or --output_dir, or run where Vertex sets the AIP_* output "
                   "variables (baseOutputDirectory)")
 

@@ -1,11 +1,24 @@
 """Model builders: the built-in tabular and image models, and the hook for a user's own.
 
 Every builder takes the schema and returns an uncompiled Keras model whose inputs are named after the
-schema's features and take the encoded tensors `data.FeatureEncoder` produces (float numbers, int64 vocabulary
+schema's features and take the encoded tensors `features.FeatureEncoder` produces (float numbers, int64 vocabulary
 ids, float images). It outputs logits (classification) or one value (regression). Call builders inside
 `strategy.scope()`.
 
-A plug-in is `--model=package.module:build_fn` with `build_fn(schema, hparams) -> keras.Model`.
+A plug-in is `--model=package.module:build_fn`:
+
+    def build_fn(schema: trainer.schema.Schema, hparams: dict) -> keras.Model
+
+  Args:
+    schema: the features (`schema.features`, each with `name`, `type`, `vocabulary`, `shape`, `mean`, `std`)
+      and the label (`schema.label`, with `num_classes` for classification).
+    hparams: the JSON object given with --hparams.
+
+  Returns:
+    An uncompiled Keras model taking a dict of encoded features named after schema features (strings
+    arrive as int64 ids, 0 for out-of-vocabulary, i + 1 for vocabulary entry i) and returning logits of
+    shape (batch, num_classes) for classification or (batch,) / (batch, 1) for regression. It is run on one
+    batch built from the schema before training (`check_outputs`); what does not fit is one error line.
 """
 
 from __future__ import annotations

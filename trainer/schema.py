@@ -26,6 +26,10 @@ from trainer.errors import UserError
 
 FEATURE_TYPES = ("float", "int", "string", "image")
 LABEL_TYPES = ("int", "float")
+# Each schema type's `tf.train.Example` list and the dtype it parses to (TensorFlow dtype names, so this module
+# imports no TensorFlow). The one table every reader, checker and converter uses.
+EXAMPLE_LISTS = {"float": "float_list", "int": "int64_list", "string": "bytes_list", "image": "bytes_list"}
+PARSE_DTYPES = {"float": "float32", "int": "int64", "string": "string", "image": "string"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -46,6 +46,16 @@ class StrategyChoice:
   def class_name(self) -> str:
     return CLASS_NAMES[self.name]
 
+  @property
+  def parameter_server(self) -> bool:
+    """Training is coordinated by the chief and runs on workers (ClusterCoordinator), not in lockstep."""
+    return self.name == "parameter_server"
+
+  @property
+  def multi_process(self) -> bool:
+    """Replicas in more than one process: the loop's collectives or schedules span the cluster."""
+    return self.name in ("multi_worker_mirrored", "parameter_server")
+
 
 def choose_strategy(role: cluster_lib.ClusterRole, requested: str, devices: Devices) -> StrategyChoice:
   """Decides the strategy for this process; raises UserError when `requested` contradicts the cluster."""

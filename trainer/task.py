@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import MutableMapping
 
 from absl import app
 from absl import flags
@@ -27,20 +28,37 @@ from trainer.errors import UserError
 EXIT_USER_ERROR = 2
 
 
-def main(argv: list[str]) -> int:
+def run_command(argv: list[str], environ: MutableMapping[str, str], *,
+                flag_values: flags.FlagValues | None = None) -> int:
+  """The whole command: flags and environment -> typed config -> `runner.run`. Returns the exit code.
+
+  Bad input is one `error:` line on stderr and EXIT_USER_ERROR. With `flag_values` (fresh, trainer flags
+  defined) it parses `argv` itself, so tests run the command in-process; the CLI passes already-parsed flags.
+  """
+  if flag_values is None:
+    flag_values = flags.FLAGS
+  else:
+    try:
+      argv = flag_values(argv)
+    except flags.Error as e:
+      return _fail(f"{' '.join(str(e).split())} (see --help)")
   if len(argv) > 1:
     return _fail(f"unexpected positional argument(s): {' '.join(argv[1:])}; every option is a --flag "
                  "(see --help)")
-  storage.configure_gcs_reads(os.environ)  # before anything imports TensorFlow
+  storage.configure_gcs_reads(environ)  # before anything imports TensorFlow
   from trainer import runner  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
 
   try:
-    env = config_lib.Environment.from_mapping(os.environ)
-    config = trainer_flags.config_from_flags(flags.FLAGS, env)
-    runner.run(config, env, dry_run=flags.FLAGS.dry_run, interactive=sys.stderr.isatty())
+    env = config_lib.Environment.from_mapping(environ)
+    config = trainer_flags.config_from_flags(flag_values, env)
+    runner.run(config, env, dry_run=flag_values.dry_run, interactive=sys.stderr.isatty())
   except UserError as e:
     return _fail(str(e))
   return 0
+
+
+def main(argv: list[str]) -> int:
+  return run_command(argv, os.environ)
 
 
 def _fail(message: str) -> int:
@@ -53,8 +71,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
-    sys.stderr.write(f"error: {' '.join(str(e).split())} (see --help)\n")
-    sys.exit(EXIT_USER_ERROR)
+    sys.exit(_fail(f"{' '.join(str(e).split())} (see --help)"))
 
 
 def entry() -> None:

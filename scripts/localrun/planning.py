@@ -1,0 +1,112 @@
+"""The job's worker pools as replicas: ports, TF_CONFIG / CLUSTER_SPEC / AIP_* environment, args, logs; and the
+checks that need no process (trainer args, free ports)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+
+from trainer import cluster as cluster_lib
+
+POOL_TYPES = tuple(cluster_lib.VERTEX_POOLS.values())  # pool index -> TF_CONFIG task type
+
+
+class LocalRunError(RuntimeError):
+  """A one-line reason the job cannot start or failed."""
+
+
+@dataclasses.dataclass
+class Replica:
+  pool: int
+  index: int
+  task_type: str
+  args: list[str]
+  env: dict[str, str]
+  log_path: str
+  process: subprocess.Popen | None = None
+  started: float = 0.0
+  ended: float | None = None
+  exit_code: int | None = None
+  restarts: int = 0
+
+  @property
+  def name(self) -> str:
+    return f"workerpool{self.pool}-{self.index}"
+
+
+def plan_replicas(spec: dict, *, job_id: str, job_dir: str, ports: list[int], extra_env: dict[str, str]) -> list[Replica]:
+  """Every replica of every trainer pool with the environment Vertex would give it (pure, given the ports)."""
+  pools = spec["workerPoolSpecs"]
+  trainer_pools = [i for i, p in enumerate(pools) if p and p.get("pythonPackageSpec")]
+  addresses: dict[int, list[str]] = {}
+  port_iter = iter(ports)
+  for i in trainer_pools:
+    addresses[i] = [f"127.0.0.1:{next(port_iter)}" for _ in range(pools[i]["replicaCount"])]
+  cluster_spec = {f"workerpool{i}": a for i, a in addresses.items()}
+  tf_cluster = {POOL_TYPES[i]: a for i, a in addresses.items() if i != 3}  # the evaluator is never listed
+  base = spec.get("baseOutputDirectory", {}).get("outputUriPrefix", "").rstrip("/")
+  replicas = []
+  for i in trainer_pools:
+    package = pools[i]["pythonPackageSpec"]
+    args = list(package.get("args", []))
+    accelerators = pools[i].get("machineSpec", {}).get("acceleratorCount", 0)
+    if accelerators > 1 and not any(a.startswith("--num_cpu_devices") for a in args):
+      args.append(f"--num_cpu_devices={accelerators}")  # N GPUs here become N logical CPU devices
+    for index in range(pools[i]["replicaCount"]):
+      task = {"type": f"workerpool{i}", "index": index}
+      env = {
+          "CLUSTER_SPEC": json.dumps({"cluster": cluster_spec, "environment": "cloud", "task": task,
+                                      "job": json.dumps({"python_module": package["pythonModule"]})}),
+          "TF_CONFIG": json.dumps({"cluster": tf_cluster, "task": {"type": POOL_TYPES[i], "index": index},
+                                   "environment": "cloud"}),
+          "CLOUD_ML_JOB_ID": job_id,
+          **{e["name"]: e["value"] for e in package.get("env", [])},
+          **extra_env,
+      }
+      if base:
+        env.update(AIP_MODEL_DIR=f"{base}/model/", AIP_CHECKPOINT_DIR=f"{base}/checkpoints/",
+                   AIP_TENSORBOARD_LOG_DIR=f"{base}/logs/")
+      replicas.append(Replica(pool=i, index=index, task_type=POOL_TYPES[i], args=args, env=env,
+                              log_path=os.path.join(job_dir, f"workerpool{i}-{index}.log")))
+  return replicas
+
+
+def check_trainer_args(replicas: list[Replica]) -> None:
+  """Checks each replica's args as the trainer will (flags and values), so a bad one fails before start."""
+  from trainer import flags as trainer_flags  # pylint: disable=g-import-not-at-top
+  from trainer.errors import UserError  # pylint: disable=g-import-not-at-top
+
+  for replica in replicas:
+    try:
+      trainer_flags.check_args(replica.args, where=replica.name)
+    except UserError as e:
+      raise LocalRunError(str(e)) from None
+
+
+def reserve_ports(count: int, base_port: int | None) -> list[int]:
+  """`count` free ports: consecutive from --base_port (each checked), or chosen by the OS."""
+  if base_port is None:
+    sockets = []
+    try:
+      for _ in range(count):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        sockets.append(s)
+      return [s.getsockname()[1] for s in sockets]
+    finally:
+      for s in sockets:
+        s.close()
+  if base_port + count - 1 > 65535:
+    raise LocalRunError(f"--base_port={base_port}: the job needs {count} consecutive ports, which would pass 65535")
+  ports = list(range(base_port, base_port + count))
+  for port in ports:
+    with socket.socket() as s:
+      try:
+        s.bind(("127.0.0.1", port))
+      except OSError as e:
+        raise LocalRunError(f"--base_port={base_port}: port {port} on 127.0.0.1 cannot be bound ({e.strerror}); "
+                            f"the job needs {count} free ports from there, or omit --base_port") from None
+  return ports

@@ -1,0 +1,115 @@
+"""Running the replicas as processes with Vertex's job semantics: logs streamed and kept per replica, a failed
+replica restarted up to --restart_failed times, the job done when the chief is, everything stopped at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from scripts.localrun.planning import Replica
+
+
+class _Streamer(threading.Thread):
+  """Copies one replica's output to its log file and, prefixed, to our stdout."""
+
+  def __init__(self, replica: Replica, quiet: bool, lock: threading.Lock):
+    super().__init__(daemon=True)
+    self.replica, self.quiet, self.lock = replica, quiet, lock
+
+  def run(self) -> None:
+    with open(self.replica.log_path, "a") as log:
+      for raw in self.replica.process.stdout:  # type: ignore[union-attr]
+        line = raw.decode(errors="replace")
+        log.write(line)
+        log.flush()
+        if not self.quiet:
+          with self.lock:
+            sys.stdout.write(f"{self.replica.name} | {line}")
+            sys.stdout.flush()
+
+
+def _start(replica: Replica, *, module: str, site: str, base_env: dict, quiet: bool, lock: threading.Lock) -> None:
+  env = {**base_env, **replica.env, "PYTHONPATH": site, "PYTHONUNBUFFERED": "1"}
+  replica.process = subprocess.Popen([sys.executable, "-m", module, *replica.args], env=env, cwd=site,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+  replica.started = time.monotonic()
+  replica.ended = replica.exit_code = None
+  _Streamer(replica, quiet, lock).start()
+
+
+def _stop(replicas: list[Replica]) -> None:
+  for replica in replicas:
+    proc = replica.process
+    if proc is not None and proc.poll() is None:
+      with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+  deadline = time.monotonic() + 5
+  for replica in replicas:
+    proc = replica.process
+    if proc is None:
+      continue
+    try:
+      proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+      proc.wait()
+    if replica.exit_code is None:
+      replica.exit_code = proc.returncode
+      replica.ended = time.monotonic()
+
+
+def supervise(replicas: list[Replica], *, module: str, site: str, base_env: dict, timeout_secs: float,
+              restart_failed: int, quiet: bool = False) -> tuple[bool, str, Replica | None]:
+  """Runs the replicas to the job's end; returns (succeeded, reason, the replica that failed it).
+
+  Every child is gone when it returns."""
+  lock = threading.Lock()
+  deadline = time.monotonic() + timeout_secs
+  chief = next(r for r in replicas if r.task_type == "chief")
+  # Servers and side-cars run until the chief is done; workers of a synchronous job finish with it, but
+  # under parameter servers the workers serve too.
+  waits_for_chief = {"ps", "evaluator"}
+  if any(r.task_type == "ps" for r in replicas):
+    waits_for_chief.add("worker")
+  try:
+    for replica in replicas:
+      _start(replica, module=module, site=site, base_env=base_env, quiet=quiet, lock=lock)
+    while True:
+      for replica in replicas:
+        code = replica.process.poll() if replica.exit_code is None else None
+        if code is None:
+          continue
+        replica.exit_code, replica.ended = code, time.monotonic()
+        if code != 0:
+          if replica.restarts < restart_failed:
+            replica.restarts += 1
+            print(f"{replica.name} exited with {code}; restarting it ({replica.restarts}/{restart_failed})",
+                  flush=True)
+            _start(replica, module=module, site=site, base_env=base_env, quiet=quiet, lock=lock)
+            continue
+          return False, f"{replica.name} ({replica.task_type}) failed with exit code {code}", replica
+      if chief.exit_code == 0:
+        others = [r for r in replicas if r.task_type not in waits_for_chief and r is not chief]
+        grace = time.monotonic() + 60
+        while any(r.process.poll() is None for r in others) and time.monotonic() < grace:
+          time.sleep(0.1)
+        for r in others:
+          code = r.process.poll()
+          if code is not None and r.exit_code is None:
+            r.exit_code, r.ended = code, time.monotonic()
+          if code not in (0, None):
+            return False, f"{r.name} ({r.task_type}) failed with exit code {code}", r
+        return True, "the chief succeeded", None
+      if time.monotonic() > deadline:
+        return False, f"timed out after {timeout_secs:.0f} s", None
+      time.sleep(0.1)
+  except KeyboardInterrupt:
+    return False, "interrupted", None
+  finally:
+    _stop(replicas)

@@ -1,0 +1,108 @@
+"""The training loops in-process on small data, in seconds: the default, one-device and mirrored (2 logical
+CPUs) strategies give the same weights, the loop's cadence and resume, exact --epochs and eval counts under
+both loops. Multi-process strategies stay in test_multiworker.py."""
+
+import glob
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from absl import flags
+
+from trainer import cluster
+from trainer import config as config_lib
+from trainer import preflight
+from trainer import flags as trainer_flags
+from trainer import models
+from trainer import schema as schema_lib
+from trainer import strategy as strategy_lib
+from trainer import training
+
+
+def make_job(churn_data, out, *args, strategy="default"):
+  """A Job as the runner builds one, for a single process and the named strategy."""
+  values = flags.FlagValues()
+  trainer_flags.define_flags(values)
+  values(["trainer", f"--train_data={churn_data}/train/*.tfrecord", f"--eval_data={churn_data}/eval/*.tfrecord",
+          f"--output_dir={out}", "--global_batch_size=128", *args])
+  config = trainer_flags.config_from_flags(values, config_lib.Environment())
+  schema = schema_lib.load_schema(config.data.schema_path)
+  choice = strategy_lib.StrategyChoice(strategy, "in-process test")
+  role = cluster.resolve_role(tf_config=None, cluster_spec=None)
+  build = models.resolve_builder(config.model.name)
+  tf.keras.utils.set_random_seed(config.train.seed)
+  train_files = preflight.list_files(config.data.train_pattern, flag="--train_data")
+  return training.Job(
+      config=config, schema=schema, choice=choice, role=role, interactive=False,
+      strategy=strategy_lib.build_strategy(choice, role, strategy_lib.Devices(num_cpu_devices=2)),
+      train_files=train_files, eval_files=preflight.list_files(config.data.eval_pattern, flag="--eval_data"),
+      csv_headers={}, train_steps=config.train.train_steps or _steps(config, train_files),
+      build_model=lambda: build(schema, config.model, config.hparams))
+
+
+def _steps(config, train_files):
+  return config.train.epochs * preflight.count_records(train_files, "tfrecord") // config.train.global_batch_size
+
+
+def train_steps_logged(out):
+  """Steps with a `loss` scalar, over every event file (a resumed run writes its own)."""
+  return sorted(e.step for events in glob.glob(str(out / "logs" / "train" / "events.out.tfevents.*"))
+                for e in tf.compat.v1.train.summary_iterator(events) if any(v.tag == "loss" for v in e.summary.value))
+
+
+def checkpoint_steps(out):
+  return sorted(int(p.rsplit("-", 1)[1].split(".")[0]) for p in glob.glob(str(out / "checkpoints" / "ckpt-*.index")))
+
+
+def weights(model):
+  return [w.numpy() for w in model.weights]
+
+
+def test_custom_loop_cadence_and_resume(churn_data, tmp_path):
+  out = tmp_path / "out"
+  first = training.custom_loop(make_job(churn_data, out, "--train_steps=30", "--log_every_steps=10",
+                                        "--checkpoint_every_steps=15", "--steps_per_loop=8"))
+  assert first.final_step == 30 and first.resumed_from_step == 0
+  assert train_steps_logged(out) == [10, 20, 30]
+  assert checkpoint_steps(out) == [15, 30]
+  assert first.train_loss < 0.6  # from about 0.69 (two balanced classes) at step 0
+  assert first.eval_metrics["examples"] == 1000  # 7 full batches of 128 and one of 104
+  again = training.custom_loop(make_job(churn_data, out, "--train_steps=45", "--log_every_steps=10",
+                                        "--checkpoint_every_steps=15", "--steps_per_loop=8"))
+  assert again.resumed_from_step == 30 and again.final_step == 45
+  assert train_steps_logged(out) == [10, 20, 30, 40, 45] and checkpoint_steps(out) == [15, 30, 45]
+
+
+def test_default_one_device_and_mirrored_train_the_same_weights(churn_data, tmp_path):
+  """One global batch of 128 in one replica or split over two gives the same gradient (the loss is averaged
+  over the global batch): the in-process proof that strategy.run, reduction and input sharding agree."""
+  results = {}
+  for strategy in ("default", "one_device", "mirrored"):
+    job = make_job(churn_data, tmp_path / strategy, "--train_steps=20", "--shuffle_buffer=0",
+                   "--deterministic_input", strategy=strategy)
+    result = training.custom_loop(job)
+    results[strategy] = (job.strategy.num_replicas_in_sync, weights(result.model), result.eval_metrics)
+  assert [results[s][0] for s in ("default", "one_device", "mirrored")] == [1, 1, 2]
+  for strategy in ("one_device", "mirrored"):
+    for expected, got in zip(results["default"][1], results[strategy][1]):
+      np.testing.assert_allclose(got, expected, rtol=2e-4, atol=2e-5, err_msg=strategy)
+    assert results[strategy][2]["examples"] == 1000
+    assert results[strategy][2]["loss"] == pytest.approx(results["default"][2]["loss"], rel=1e-4)
+
+
+@pytest.mark.parametrize("loop", ["custom", "fit"])
+def test_epochs_and_log_cadence_under_both_loops(churn_data, tmp_path, loop):
+  out = tmp_path / "out"
+  # 4000 examples / 128 = 31 steps; fit used to train 31 // 200 (the checkpoint period) = 0 Keras epochs.
+  job = make_job(churn_data, out, "--epochs=1", "--log_every_steps=10", f"--loop={loop}", "--steps_per_loop=50")
+  assert job.train_steps == 31
+  result = (training.fit_loop if loop == "fit" else training.custom_loop)(job)
+  assert result.final_step == 31
+  assert train_steps_logged(out) == [10, 20, 30, 31]  # --log_every_steps holds under fit too
+  assert checkpoint_steps(out) == [31]
+  assert result.eval_metrics["examples"] == 1000
+
+
+def test_eval_steps_caps_the_pass_under_mirrored(churn_data, tmp_path):
+  job = make_job(churn_data, tmp_path / "out", "--train_steps=2", "--eval_steps=3", strategy="mirrored")
+  assert training.custom_loop(job).eval_metrics["examples"] == 3 * 128

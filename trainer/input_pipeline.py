@@ -1,0 +1,193 @@
+"""Input pipelines: TFRecord (`tf.train.Example`) and CSV files, local or `gs://`, per worker.
+
+The layout follows the tf.data performance guide: shard whole files per input pipeline (the strategy's
+`InputContext`), interleave parallel reads, batch first and then parse the whole batch in one vectorized op,
+encode (`features.FeatureEncoder`), shuffle the parsed rows across a window of batches, prefetch; every
+parallelism knob is AUTOTUNE.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from trainer import features as features_lib
+from trainer import schema as schema_lib
+
+_MAX_PARALLEL_FILES = 16
+_READ_BUFFER_BYTES = 1 << 20  # large reads: few requests per gs:// object
+
+
+def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, data_format: str, global_batch_size: int,
+                    training: bool, shuffle_buffer: int = 10_000, seed: int | None = None,
+                    repeat: bool | None = None, csv_header: list[str] | None = None,
+                    select: list[str] | None = None, deterministic: bool = False,
+                    max_batches: int | None = None) -> Callable:
+  """Returns `dataset_fn(input_context)` for `strategy.distribute_datasets_from_function`.
+
+  Each input pipeline reads its own subset of files when there are at least as many files as pipelines
+  (else every pipeline reads all files and keeps every n-th record), and batches to the per-replica size.
+  Training data repeats forever in full batches. Evaluation data is one pass: every example once, the last
+  batch partial (the strategy's distributed iterator pads replicas and workers that run out with empty
+  batches, so every worker runs the same number of steps).
+
+  Args:
+    files: the data files (local or gs://), already expanded and checked (`preflight`).
+    schema: the features and label to parse.
+    data_format: "tfrecord" or "csv".
+    global_batch_size: examples per step across all replicas.
+    training: shuffle and repeat (training) or one ordered pass (evaluation).
+    shuffle_buffer: examples pooled per shuffle window (see `shuffle_window_batches`); 0 keeps file order.
+    seed: shuffle seed (None: differs every run).
+    repeat: overrides the default of repeating exactly when `training` (tests read one training pass).
+    csv_header: the header of the CSV files (required for CSV).
+    select: keep only these encoded features (Keras `fit` wants exactly the model's inputs).
+    deterministic: keep the order fixed across runs even while training (reproducible weights).
+    max_batches: stop after this many GLOBAL batches (--eval_steps).
+
+  Returns:
+    `dataset_fn(input_context=None) -> tf.data.Dataset` of `(features, labels)`: features encoded by
+    `features.FeatureEncoder` (float32 numbers, int64 vocabulary ids, float32 images), labels as parsed.
+  """
+
+  if data_format == "csv" and csv_header is None:
+    raise ValueError("csv_header is required for CSV data")
+  repeat = training if repeat is None else repeat
+
+  def dataset_fn(input_context=None):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    csv_layout = _csv_layout(schema, csv_header) if data_format == "csv" else None
+
+    if input_context is not None:
+      batch_size = input_context.get_per_replica_batch_size(global_batch_size)
+      num_pipelines, pipeline_id = input_context.num_input_pipelines, input_context.input_pipeline_id
+    else:
+      batch_size, num_pipelines, pipeline_id = global_batch_size, 1, 0
+    shard_files = num_pipelines > 1 and len(files) >= num_pipelines
+    shard_records = num_pipelines > 1 and not shard_files
+
+    file_ds = tf.data.Dataset.from_tensor_slices(files)
+    if shard_files:
+      file_ds = file_ds.shard(num_pipelines, pipeline_id)
+    num_files = len(files[pipeline_id::num_pipelines]) if shard_files else len(files)
+    if training and shuffle_buffer:
+      file_ds = file_ds.shuffle(num_files, seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+      file_ds = file_ds.repeat()
+    ds = file_ds.interleave(
+        _reader(data_format, csv_layout),
+        cycle_length=min(num_files, _MAX_PARALLEL_FILES),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        # Record sharding needs the same order on every pipeline; otherwise let the fastest file win.
+        deterministic=deterministic or shard_records or not training)
+    if shard_records:
+      ds = ds.shard(num_pipelines, pipeline_id)
+    ds = ds.batch(batch_size, drop_remainder=training, num_parallel_calls=tf.data.AUTOTUNE,
+                  deterministic=deterministic or not training)
+    if max_batches is not None:
+      # --eval_steps counts global batches; this pipeline makes per-replica ones for several replicas.
+      replicas_per_pipeline = (input_context.num_replicas_in_sync // input_context.num_input_pipelines
+                               if input_context is not None else 1)
+      ds = ds.take(max_batches * max(1, replicas_per_pipeline))
+    encoder = features_lib.FeatureEncoder(schema)  # built here: ParameterServerStrategy needs tables made inside dataset_fn
+    parse = _batch_parser(schema, data_format, encoder, csv_layout)
+    if select is not None:
+      parse_all = parse
+      parse = lambda *batch: _select(*parse_all(*batch), select)  # pylint: disable=unnecessary-lambda-assignment
+    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic or not training)
+    if training and shuffle_buffer:
+      ds = _shuffle_parsed_batches(ds, batches_per_window=shuffle_window_batches(shuffle_buffer, batch_size),
+                                   seed=seed, deterministic=deterministic)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+  return dataset_fn
+
+
+def _select(features, labels, names):
+  return {name: features[name] for name in names}, labels
+
+
+def shuffle_window_batches(shuffle_buffer: int, batch_size: int) -> int:
+  """Batches pooled per shuffle window: enough to hold `shuffle_buffer` examples, and never fewer than two
+  (permuting the rows of one batch alone would change no gradient)."""
+  return max(2, -(-shuffle_buffer // batch_size))
+
+
+def _shuffle_parsed_batches(ds, *, batches_per_window: int, seed: int | None, deterministic: bool):
+  """Pools every `batches_per_window` consecutive parsed batches and deals their rows out again at random.
+
+  Why here and not `Dataset.shuffle` on serialized records: a per-record shuffle buffer costs about a third of
+  the pipeline's throughput on two cores (scripts/bench_input.py), because every record becomes its own
+  string tensor. Parsed batches are a few dense numeric columns (categorical values are already ids), so a
+  permutation of a window of them is one gather per column. Each output batch is a uniform sample without
+  replacement from its window of `batches_per_window * batch_size` consecutive examples (already mixed across
+  files by the interleave, and the file order is reshuffled every epoch); every example is still seen once per
+  pass. Each window's permutation is keyed by its own seed from `Dataset.random(seed)`, so a seeded,
+  deterministic pipeline repeats exactly and an unseeded one differs every run.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  def permute(window, window_seed):
+    rows = tf.shape(tf.nest.flatten(window)[0])[:2]
+    order = tf.random.experimental.stateless_shuffle(tf.range(rows[0] * rows[1]), seed=window_seed)
+
+    def deal(column):
+      flat = tf.reshape(column, tf.concat([[-1], tf.shape(column)[2:]], axis=0))
+      dealt = tf.reshape(tf.gather(flat, order), tf.shape(column))
+      dealt.set_shape(column.shape)
+      return dealt
+
+    return tf.nest.map_structure(deal, window)
+
+  windows = tf.data.Dataset.zip((ds.batch(batches_per_window), tf.data.Dataset.random(seed=seed).batch(2)))
+  return windows.map(permute, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic).unbatch()
+
+
+
+def _reader(data_format: str, csv_layout):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  if data_format == "tfrecord":
+    return lambda path: tf.data.TFRecordDataset(path, buffer_size=_READ_BUFFER_BYTES)
+  _, indices, defaults = csv_layout
+  return lambda path: tf.data.experimental.CsvDataset(path, defaults, header=True, select_cols=indices)
+
+
+def _csv_layout(schema: schema_lib.Schema, header: list[str]):
+  """(column names, their header indices, record defaults), ordered by index as CsvDataset yields them."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  types = {f.name: f.type for f in schema.features}
+  types[schema.label.name] = schema.label.type
+  dtypes = {kind: tf.as_dtype(name) for kind, name in schema_lib.PARSE_DTYPES.items()}
+  ordered = sorted((header.index(name), name) for name in schema.columns)
+  # A dtype (not a value) as default makes every field required: an empty field fails loudly.
+  return [name for _, name in ordered], [i for i, _ in ordered], [dtypes[types[name]] for _, name in ordered]
+
+
+def _batch_parser(schema: schema_lib.Schema, data_format: str, encoder: features_lib.FeatureEncoder, csv_layout):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  label = schema.label
+  if data_format == "tfrecord":
+    dtypes = {kind: tf.as_dtype(name) for kind, name in schema_lib.PARSE_DTYPES.items()}
+    spec = {f.name: tf.io.FixedLenFeature([], dtypes[f.type]) for f in schema.features}
+    spec[label.name] = tf.io.FixedLenFeature([], dtypes[label.type])
+
+    def parse_examples(serialized):
+      columns = tf.io.parse_example(serialized, spec)
+      target = columns.pop(label.name)
+      return encoder.encode(columns), target
+
+    return parse_examples
+
+  names = csv_layout[0]
+
+  def parse_csv(*fields):
+    columns = dict(zip(names, fields))
+    target = columns.pop(label.name)
+    return encoder.encode(columns), target
+
+  return parse_csv

@@ -1,0 +1,97 @@
+"""The one outer loop every way of training runs, and the periodic actions it drives.
+
+Shaped after orbit's `Controller` and CLU's `PeriodicAction`. A source advances the step: a `tf.function` of
+several steps under sync strategies, scheduled closures under parameter servers, or the next checkpoint for the
+side-car evaluator. Actions fire on step boundaries or elapsed seconds, and once more at the final step:
+logging with summaries (through one `writers.MetricWriter`), checkpoints, evaluation, and whatever the next
+change adds (a preemption check). Chunks never cross a step boundary of any action, so a checkpoint lands on
+exactly the step its cadence names. Pure Python: no TensorFlow here, so the cadence is tested in-process with a
+fake source and clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Mapping, Sequence
+
+
+@dataclasses.dataclass
+class LoopState:
+  """What the actions see: the step reached, the mean training loss of the last chunk (None if none ran),
+  and other metrics a source reports (Keras' logs under `fit`)."""
+
+  step: int
+  loss: float | None = None
+  metrics: Mapping[str, float] | None = None
+
+
+class PeriodicAction:
+  """Calls `fn(state)` every `every_steps` steps and/or every `every_secs` seconds, and at the final step.
+
+  Args:
+    name: for logs and errors.
+    fn: the action; it receives the `LoopState`.
+    every_steps: step cadence (the loop stops a chunk on each multiple), or None.
+    every_secs: time cadence (checked after each chunk), or None.
+    at_end: also run once at the final step, whatever the cadence.
+    clock: seconds, monotonic; injectable for tests.
+  """
+
+  def __init__(self, name: str, fn: Callable[[LoopState], None], *, every_steps: int | None = None,
+               every_secs: float | None = None, at_end: bool = True, clock: Callable[[], float] = time.monotonic):
+    if every_steps is not None and every_steps <= 0:
+      raise ValueError(f"{name}: every_steps must be positive, got {every_steps}")
+    self.name, self._fn, self.every_steps, self._every_secs, self._at_end = name, fn, every_steps, every_secs, at_end
+    self._clock = clock
+    self._last_time = clock()
+    self._last_step: int | None = None
+
+  def steps_to_boundary(self, step: int) -> int | None:
+    """Steps from `step` to this action's next step multiple, or None without a step cadence."""
+    if not self.every_steps:
+      return None
+    return self.every_steps - step % self.every_steps
+
+  def __call__(self, state: LoopState, *, final: bool = False) -> bool:
+    """Runs the action if it is due at `state.step`; returns whether it ran."""
+    now = self._clock()
+    due = (self.every_steps and state.step % self.every_steps == 0) or \
+          (self._every_secs is not None and now - self._last_time >= self._every_secs) or \
+          (final and self._at_end)
+    if not due or state.step == self._last_step:
+      return False
+    self._fn(state)
+    self._last_step, self._last_time = state.step, now
+    return True
+
+
+def run(*, start_step: int, total_steps: int, advance: Callable[[int], tuple[int, float | None]],
+        actions: Sequence[PeriodicAction], max_steps_per_call: int | None = None) -> LoopState:
+  """Advances from `start_step` to `total_steps`, firing `actions` on their cadence.
+
+  Args:
+    start_step: the step training resumes at (0, or a restored checkpoint's).
+    total_steps: the final step.
+    advance: `advance(max_steps) -> (steps_done, mean_loss)`. Training sources do exactly `max_steps`; the
+      side-car evaluator's source returns however far the next checkpoint is, or 0 when none comes.
+    actions: fired after every chunk that reaches their cadence, and at the final step.
+    max_steps_per_call: the most steps one call of `advance` may take (`--steps_per_loop`), or None.
+
+  Returns:
+    The final `LoopState`; `state.step < total_steps` only when the source stopped advancing.
+  """
+  state = LoopState(step=start_step)
+  while state.step < total_steps:
+    limits = [total_steps - state.step] + [n for n in (a.steps_to_boundary(state.step) for a in actions) if n]
+    if max_steps_per_call:
+      limits.append(max_steps_per_call)
+    done, loss = advance(min(limits))
+    if done <= 0:
+      break
+    state.step += done
+    state.loss = loss
+    final = state.step >= total_steps
+    for action in actions:
+      action(state, final=final)
+  return state

@@ -1,0 +1,28 @@
+"""Path helpers shared by local paths, `gs://` URIs and Cloud Storage FUSE paths (`/gcs/`). Pure."""
+
+from __future__ import annotations
+
+
+def normalize_path(path: str) -> str:
+  """Rewrites a Cloud Storage FUSE path `/gcs/<bucket>/...` to `gs://<bucket>/...`.
+
+  Why: TensorFlow's native `gs://` client streams and reads in parallel, which the FUSE mount cannot match,
+  and the rewrite lets the same flags run off Vertex (where nothing is mounted at /gcs). This is the only
+  place the rewrite happens.
+  """
+  if path.startswith("/gcs/") and len(path) > len("/gcs/"):
+    return "gs://" + path[len("/gcs/"):]
+  return path
+
+
+def join_path(base: str, *parts: str) -> str:
+  """Joins path segments for local and `gs://` paths alike (os.path.join would mangle `gs://` on Windows)."""
+  return "/".join([base.rstrip("/")] + [p.strip("/") for p in parts])
+
+
+def split_gcs_uri(uri: str) -> tuple[str, str]:
+  """`gs://bucket/some/name` -> ("bucket", "some/name"); ValueError for anything that is not a gs:// URI."""
+  if not uri.startswith("gs://") or len(uri) <= len("gs://"):
+    raise ValueError(f"not a gs://BUCKET/... URI: {uri!r}")
+  bucket, _, name = uri[len("gs://"):].partition("/")
+  return bucket, name
