@@ -282,6 +282,8 @@ def _bad_cases(churn_data, tmp_path):
       ("plugin_raises", good + ["--model=bad_models:build_broken"], plugin_env,
        r"^error: --model='bad_models:build_broken': build_fn raised ValueError at bad_models.py line \d+: A "
        r"KerasTensor cannot be used as input to a TensorFlow function"),
+      ("checkpoint_every_secs", good + ["--checkpoint_every_secs=0"], {},
+       r"^error: --checkpoint_every_secs must be > 0 \(omit it to checkpoint by steps only\), got 0.0$"),
       ("unknown_flag", good + ["--no_such_flag=1"], {}, r"^error: Unknown command line flag 'no_such_flag'"),
       ("bad_flag_value", good + ["--global_batch_size=many"], {},
        r"^error: flag --global_batch_size=many: invalid literal for int\(\)"),

@@ -3,6 +3,7 @@ CPUs) strategies give the same weights, the loop's cadence and resume, exact --e
 both loops. Multi-process strategies stay in test_multiworker.py."""
 
 import glob
+import json
 
 import numpy as np
 import pytest
@@ -106,3 +107,43 @@ def test_epochs_and_log_cadence_under_both_loops(churn_data, tmp_path, loop):
 def test_eval_steps_caps_the_pass_under_mirrored(churn_data, tmp_path):
   job = make_job(churn_data, tmp_path / "out", "--train_steps=2", "--eval_steps=3", strategy="mirrored")
   assert training.custom_loop(job).eval_metrics["examples"] == 3 * 128
+
+
+def _nan_data(churn_data, tmp_path):
+  """A regression task on the churn data (predict monthly_charges) whose label is NaN in every 10th example, as
+  a broken export writes it. (NaN or inf in 10% of one *feature* did not reach the loss of the tabular model on
+  CPU: measured, loss 0.69 after 10 steps; the ReLU layers absorb it.)"""
+  directory = tmp_path / "nan"
+  for split in ("train", "eval"):
+    (directory / split).mkdir(parents=True)
+    schema = json.load(open(f"{churn_data}/{split}/schema.json"))
+    schema["features"] = [f for f in schema["features"] if f["name"] != "monthly_charges"]
+    schema["label"] = {"name": "monthly_charges", "type": "float"}
+    (directory / split / "schema.json").write_text(json.dumps(schema))
+    with tf.io.TFRecordWriter(str(directory / split / "part-0.tfrecord")) as writer:
+      for i, record in enumerate(tf.data.TFRecordDataset(sorted(glob.glob(f"{churn_data}/{split}/*.tfrecord")))):
+        example = tf.train.Example.FromString(record.numpy())
+        if split == "train" and i % 10 == 0:
+          example.features.feature["monthly_charges"].float_list.value[0] = float("nan")
+        writer.write(example.SerializeToString())
+  return str(directory)
+
+
+@pytest.mark.parametrize("loop", ["custom", "fit"])
+def test_a_non_finite_loss_stops_before_anything_is_saved(churn_data, tmp_path, loop):
+  from trainer.errors import UserError  # pylint: disable=g-import-not-at-top
+
+  out = tmp_path / "out"
+  job = make_job(_nan_data(churn_data, tmp_path), out, "--train_steps=40", "--checkpoint_every_steps=10",
+                 "--steps_per_loop=5", f"--loop={loop}")
+  with pytest.raises(UserError, match=r"^the training loss became nan within steps 1-5; nothing from those steps "
+                                      r"is checkpointed or exported; look for NaN or inf in the data"):
+    (training.fit_loop if loop == "fit" else training.custom_loop)(job)
+  assert checkpoint_steps(out) == []
+
+
+def test_checkpoints_by_time_as_well_as_steps(churn_data, tmp_path):
+  out = tmp_path / "out"
+  training.custom_loop(make_job(churn_data, out, "--train_steps=30", "--steps_per_loop=5",
+                                "--checkpoint_every_steps=1000", "--checkpoint_every_secs=0.000001"))
+  assert checkpoint_steps(out) == [20, 25, 30]  # one after every chunk (3 kept), not only at the end

@@ -36,6 +36,8 @@ class CheckpointKeeper:
     self._directory = directory
     self._temp_dir = None if is_chief else tempfile.mkdtemp(prefix="trainer-ckpt-worker-")
     self._manager = tf.train.CheckpointManager(checkpoint, self._temp_dir or directory, max_to_keep=max_to_keep)
+    self.last_saved_step: int | None = None
+    self._last_path: str | None = None
 
   def restore_latest(self) -> str | None:
     """Restores the chief's latest checkpoint, if any; returns its path.
@@ -60,9 +62,14 @@ class CheckpointKeeper:
     logging.info("Restored checkpoint %s", path)
     return path
 
-  def save(self, step: int) -> None:
+  def save(self, step: int) -> str:
+    """Saves at `step` (once: a second call for the same step returns the first one's path)."""
+    if step == self.last_saved_step:
+      return self._last_path
     path = self._manager.save(checkpoint_number=step)
     logging.info("Saved checkpoint %s", path if self._temp_dir is None else f"(worker temp) {path}")
+    self.last_saved_step, self._last_path = step, path
+    return path
 
   def close(self) -> None:
     if self._temp_dir:

@@ -83,6 +83,7 @@ class TrainConfig:
   steps_per_loop: int = 50
   log_every_steps: int = 50
   checkpoint_every_steps: int = 200
+  checkpoint_every_secs: float | None = None
   eval_steps: int | None = None
   hypertune_metric: str | None = None
 
@@ -131,6 +132,9 @@ def validate(config: Config) -> None:
   _positive("--steps_per_loop", train.steps_per_loop)
   _positive("--log_every_steps", train.log_every_steps)
   _positive("--checkpoint_every_steps", train.checkpoint_every_steps)
+  if train.checkpoint_every_secs is not None and not train.checkpoint_every_secs > 0:
+    raise UserError(f"--checkpoint_every_secs must be > 0 (omit it to checkpoint by steps only), got "
+                    f"{train.checkpoint_every_secs}")
   if train.eval_steps is not None and train.eval_steps < 0:
     raise UserError(f"--eval_steps must be >= 0 (0 skips evaluation), got {train.eval_steps}")
   _positive("--num_cpu_devices", config.distribution.num_cpu_devices)

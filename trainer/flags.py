@@ -52,6 +52,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_integer("log_every_steps", 50, "Steps between progress lines and TensorBoard scalars (under fit "
                        "with parameter servers Keras runs no batch callbacks: once per checkpoint period).", **fv)
   flags.DEFINE_integer("checkpoint_every_steps", 200, "Steps between checkpoints.", **fv)
+  flags.DEFINE_float("checkpoint_every_secs", None, "Also checkpoint when this many seconds passed since the last "
+                     "one (after the chunk of --steps_per_loop steps that passes it).", **fv)
   flags.DEFINE_integer("eval_steps", None, "Evaluation batches (default: one pass over --eval_data; 0 skips).", **fv)
   # Distribution.
   flags.DEFINE_enum("strategy", "auto", config_lib.STRATEGIES, "tf.distribute strategy; auto picks it from "
@@ -122,6 +124,7 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment) -> 
           steps_per_loop=values.steps_per_loop,
           log_every_steps=values.log_every_steps,
           checkpoint_every_steps=values.checkpoint_every_steps,
+          checkpoint_every_secs=values.checkpoint_every_secs,
           eval_steps=values.eval_steps,
           hypertune_metric=values.hypertune_metric,
       ),

@@ -19,6 +19,7 @@ from typing import MutableMapping
 
 from absl import app
 from absl import flags
+from absl import logging
 
 from trainer import config as config_lib
 from trainer import flags as trainer_flags
@@ -48,12 +49,18 @@ def run_command(argv: list[str], environ: MutableMapping[str, str], *,
   storage.configure_gcs_reads(environ)  # before anything imports TensorFlow
   from trainer import runner  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
 
+  from trainer import preemption  # pylint: disable=g-import-not-at-top
+
   try:
     env = config_lib.Environment.from_mapping(environ)
     config = trainer_flags.config_from_flags(flag_values, env)
     runner.run(config, env, dry_run=flag_values.dry_run, interactive=sys.stderr.isatty())
   except UserError as e:
     return _fail(str(e))
+  except preemption.Preempted as e:
+    # Not 0: Vertex would take a chief's 0 as the job's success. The restarted replica resumes at e.step.
+    logging.warning("Preempted (%s); exiting %d so that Vertex restarts this replica", e, preemption.EXIT_PREEMPTED)
+    return preemption.EXIT_PREEMPTED
   return 0
 
 

@@ -9,6 +9,7 @@ schedules on the workers through a `ClusterCoordinator`. Each replica averages i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -24,10 +25,12 @@ from trainer import evaluation
 from trainer import loop as loop_lib
 from trainer import models
 from trainer import objective as objective_lib
+from trainer import preemption
 from trainer import progress as progress_lib
 from trainer import schema as schema_lib
 from trainer import strategy as strategy_lib
 from trainer import writers
+from trainer.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,14 +236,21 @@ def custom_loop(job: Job) -> TrainResult:
     parameter_server = job.choice.parameter_server
     advance = (_coordinated_steps if parameter_server else _synchronous_steps)(job, replica_step)
     log = _TrainLog(writer, optimizer, global_batch_size=cfg.global_batch_size, start_step=start_step)
-    actions = [
-        loop_lib.PeriodicAction("log", log, every_steps=cfg.log_every_steps),
-        loop_lib.PeriodicAction("checkpoint", lambda state: keeper.save(state.step),
-                                every_steps=cfg.checkpoint_every_steps),
-    ]
-    # Under parameter servers a chunk spans closures on every worker; each closure stays within steps_per_loop.
-    state = loop_lib.run(start_step=start_step, total_steps=job.train_steps, advance=advance, actions=actions,
-                         max_steps_per_call=None if parameter_server else cfg.steps_per_loop)
+    with _sigterm_watcher(job) as watcher:
+      # In this order after every chunk: a non-finite loss stops before anything is saved; the preemption check
+      # comes last, so a chunk that ends on a checkpoint step is saved once.
+      actions = [
+          loop_lib.PeriodicAction("loss guard", _LossGuard(start_step), every_secs=0),
+          loop_lib.PeriodicAction("log", log, every_steps=cfg.log_every_steps),
+          loop_lib.PeriodicAction("checkpoint", lambda state: keeper.save(state.step),
+                                  every_steps=cfg.checkpoint_every_steps, every_secs=cfg.checkpoint_every_secs),
+      ]
+      if watcher is not None:
+        actions.append(loop_lib.PeriodicAction("preemption", _save_on_sigterm(watcher, keeper), every_secs=0,
+                                               at_end=False))
+      # Under parameter servers a chunk spans closures on every worker; each stays within steps_per_loop.
+      state = loop_lib.run(start_step=start_step, total_steps=job.train_steps, advance=advance, actions=actions,
+                           max_steps_per_call=None if parameter_server else cfg.steps_per_loop)
     final_step = int(optimizer.iterations.numpy())
     eval_metrics = evaluation.evaluate(job, model, objective)
     if eval_metrics:
@@ -253,28 +263,64 @@ def custom_loop(job: Job) -> TrainResult:
     keeper.close()
 
 
+class _LossGuard:
+  """Stops training on a non-finite loss, before anything from those steps is checkpointed or exported."""
+
+  def __init__(self, start_step: int):
+    self._checked_step = start_step
+
+  def __call__(self, state: loop_lib.LoopState) -> None:
+    loss = state.loss if state.loss is not None else (state.metrics or {}).get("loss")
+    if loss is not None and not math.isfinite(float(loss)):
+      raise UserError(f"the training loss became {float(loss)} within steps {self._checked_step + 1}-{state.step}; "
+                      "nothing from those steps is checkpointed or exported; look for NaN or inf in the data "
+                      "(features or labels), or lower --learning_rate")
+    self._checked_step = state.step
+
+
+def _sigterm_watcher(job: Job):
+  """Records SIGTERM for the loop, except under MultiWorkerMirroredStrategy (TensorFlow's coordination service
+  handles SIGTERM there, and the workers would have to agree on the step)."""
+  if job.choice.name == "multi_worker_mirrored":
+    return contextlib.nullcontext(None)
+  return preemption.SigtermWatcher()
+
+
+def _save_on_sigterm(watcher: preemption.SigtermWatcher, keeper: checkpoints.CheckpointKeeper):
+  def check(state: loop_lib.LoopState) -> None:
+    if watcher.requested:
+      raise preemption.Preempted(state.step, keeper.save(state.step))
+
+  return check
+
+
 class _FitReporting:
   """Keras callback (built lazily, so this module imports without TensorFlow).
 
   Saves a checkpoint at the end of each Keras epoch (one checkpoint period), reports progress through the same
   log action as the custom loop every --log_every_steps, and with `batch_level` stops `fit` exactly at the
-  final step. Without `batch_level` (Keras rejects batch-level callbacks under ParameterServerStrategy) it
-  reports once per checkpoint period.
+  final step and runs the custom loop's other per-chunk actions after every execution: the loss guard, the
+  time-based checkpoint and the SIGTERM save. Without `batch_level` (Keras rejects batch-level callbacks under
+  ParameterServerStrategy) it reports and guards once per checkpoint period.
   """
 
   @staticmethod
   def create(keeper: checkpoints.CheckpointKeeper, optimizer, log: _TrainLog, *, log_every_steps: int,
-             train_steps: int, batch_level: bool):
+             train_steps: int, batch_level: bool, guard: _LossGuard, checkpoint_every_secs: float | None,
+             watcher: preemption.SigtermWatcher | None):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
     log_action = loop_lib.PeriodicAction("log", log, every_steps=log_every_steps)
+    timed_checkpoint = loop_lib.PeriodicAction("checkpoint", lambda state: keeper.save(state.step),
+                                               every_secs=checkpoint_every_secs, at_end=False)
 
     class Reporting(tf.keras.callbacks.Callback):
 
       def on_epoch_end(self, epoch, logs=None):
         step = int(optimizer.iterations.numpy())
-        keeper.save(step)
         state = loop_lib.LoopState(step, metrics=dict(logs or {}))
+        guard(state)
+        keeper.save(step)
         if batch_level:
           log_action(state, final=step >= train_steps)
         else:
@@ -283,9 +329,14 @@ class _FitReporting:
     class BatchReporting(Reporting):
 
       def on_train_batch_end(self, batch, logs=None):
-        step = int(optimizer.iterations.numpy())
-        log_action(loop_lib.LoopState(step, metrics=dict(logs or {})))
-        if step >= train_steps:
+        state = loop_lib.LoopState(int(optimizer.iterations.numpy()), metrics=dict(logs or {}))
+        guard(state)
+        log_action(state)
+        if checkpoint_every_secs:
+          timed_checkpoint(state)
+        if watcher is not None and watcher.requested:
+          raise preemption.Preempted(state.step, keeper.save(state.step))
+        if state.step >= train_steps:
           self.model.stop_training = True  # Keras checks it after every batch, then still ends the epoch
 
     return BatchReporting() if batch_level else Reporting()
@@ -351,18 +402,22 @@ def fit_loop(job: Job) -> TrainResult:
     start_step = _resume(job, keeper, optimizer)
     writer = _writer(job, start_step)
     log = _TrainLog(writer, optimizer, global_batch_size=cfg.global_batch_size, start_step=start_step)
-    callback = _FitReporting.create(keeper, optimizer, log, log_every_steps=cfg.log_every_steps,
-                                    train_steps=job.train_steps, batch_level=not parameter_server)
     losses = [None]
-    for initial_epoch, epochs, epoch_steps in fit_calls(start_step, job.train_steps, cfg.checkpoint_every_steps,
-                                                        stop_at_final_step=not parameter_server):
-      if parameter_server:
-        train_data = tf.keras.utils.experimental.DatasetCreator(job.dataset_fn("train", select=names))
-      else:
-        train_data = strategy.distribute_datasets_from_function(job.dataset_fn("train", select=names))
-      history = model.fit(train_data, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=epoch_steps,
-                          callbacks=[callback], verbose=0)
-      losses = history.history.get("loss") or losses
+    # Keras runs no batch-level callbacks under parameter servers: no SIGTERM save there yet (see preemption).
+    with _sigterm_watcher(job) if not parameter_server else contextlib.nullcontext(None) as watcher:
+      callback = _FitReporting.create(keeper, optimizer, log, log_every_steps=cfg.log_every_steps,
+                                      train_steps=job.train_steps, batch_level=not parameter_server,
+                                      guard=_LossGuard(start_step), checkpoint_every_secs=cfg.checkpoint_every_secs,
+                                      watcher=watcher)
+      for initial_epoch, epochs, epoch_steps in fit_calls(start_step, job.train_steps, cfg.checkpoint_every_steps,
+                                                          stop_at_final_step=not parameter_server):
+        if parameter_server:
+          train_data = tf.keras.utils.experimental.DatasetCreator(job.dataset_fn("train", select=names))
+        else:
+          train_data = strategy.distribute_datasets_from_function(job.dataset_fn("train", select=names))
+        history = model.fit(train_data, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=epoch_steps,
+                            callbacks=[callback], verbose=0)
+        losses = history.history.get("loss") or losses
     final_step = int(optimizer.iterations.numpy())
     eval_metrics = evaluation.evaluate(job, model, objective)
     if eval_metrics:

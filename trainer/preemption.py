@@ -1,0 +1,51 @@
+"""SIGTERM as Vertex sends it: a Spot preemption or host maintenance, about 30 s before the SIGKILL.
+
+The handler only records the signal; the training loop checks it after every chunk (at most --steps_per_loop
+steps, well under a second to a few seconds), saves a checkpoint at the step reached and stops with
+`Preempted`. The process then exits EXIT_PREEMPTED, non-zero on purpose: Vertex counts a chief's exit 0 as the
+job's success, while a non-zero exit makes it restart the replica, which resumes from that checkpoint with no
+step lost.
+
+Under MultiWorkerMirroredStrategy the workers would have to agree on the step to save at, and TensorFlow's
+coordination service installs its own SIGTERM handler; that case is not handled here yet (see the README).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a scheduler expects from a process ended by SIGTERM
+
+
+class Preempted(Exception):
+  """Training stopped on SIGTERM after saving the checkpoint at `step`."""
+
+  def __init__(self, step: int, checkpoint: str | None):
+    super().__init__(f"SIGTERM: saved checkpoint {checkpoint} at step {step}")
+    self.step, self.checkpoint = step, checkpoint
+
+
+class SigtermWatcher:
+  """Records SIGTERM while active (a context manager); restores the previous handler on exit.
+
+  Outside the main thread (signal handlers can only be set there) it watches nothing.
+  """
+
+  def __init__(self):
+    self._event = threading.Event()
+    self._previous = None
+
+  @property
+  def requested(self) -> bool:
+    return self._event.is_set()
+
+  def __enter__(self) -> "SigtermWatcher":
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, lambda *_: self._event.set())
+    return self
+
+  def __exit__(self, *exc) -> None:
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+      self._previous = None
