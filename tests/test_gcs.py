@@ -211,3 +211,32 @@ def test_emulator_down_fails_within_bounded_time(tmp_path):
   assert re.search(r"^error: --train_data: cannot list gs://gone/data/\*\.tfrecord: ", result.stderr, re.M), \
       result.stderr[-2000:]
   assert elapsed < 120
+
+
+@pytest.mark.parametrize("fail_rate", [0.05, 0.2])
+def test_uploads_survive_injected_faults_whole(tmp_path, fail_rate):
+  """TensorFlow's gs:// writer through the faulty proxy: every object arrives whole. fake-gcs-server alone
+  answered TF's resumable-upload status query with 200 and kept a 0-byte object; the proxy answers 308 as real
+  Cloud Storage does. In a subprocess: this process's TensorFlow already points at the session emulator."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  flaky = emulator_lib.start(buckets=("faulty",), fail_rate=fail_rate, seed=11, directory=str(tmp_path / "gcs"))
+  try:
+    script = ("import hashlib, os, tensorflow as tf\n"
+              "for i in range(40):\n"
+              "  data = os.urandom(50_000 + 997 * i)\n"
+              "  with tf.io.gfile.GFile(f'gs://faulty/objects/{i}.bin', 'wb') as f:\n"
+              "    f.write(data)\n"
+              "  print(i, hashlib.sha256(data).hexdigest())\n")
+    result = subprocess.run([sys.executable, "-c", script], env=procs.trainer_env(flaky.env), capture_output=True,
+                            text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    written = dict(line.split() for line in result.stdout.splitlines())
+    bucket = flaky.storage_client().bucket("faulty")
+    stored = {blob.name.split("/")[-1].split(".")[0]: hashlib.sha256(blob.download_as_bytes()).hexdigest()
+              for blob in bucket.list_blobs(prefix="objects/")}
+  finally:
+    flaky.stop()
+  assert stored == written  # 40 objects, each byte for byte
+  with open(tmp_path / "gcs" / "gcs-proxy.log") as f:
+    stats = json.loads(f.read().strip().splitlines()[-1])
+  assert stats["injected"] >= 2, stats  # faults really happened

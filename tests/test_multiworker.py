@@ -48,7 +48,7 @@ def test_multi_worker_mirrored_chief_and_worker(churn_data, tmp_path):
   serving.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")
   assert sorted(os.listdir(out / "checkpoints")) == ["checkpoint", "ckpt-100.data-00000-of-00001",
                                                      "ckpt-100.index", "ckpt-50.data-00000-of-00001",
-                                                     "ckpt-50.index"]
+                                                     "ckpt-50.index", "trainer_config.json"]
 
 
 def test_parameter_server_strategy(churn_data, tmp_path):
@@ -130,3 +130,31 @@ def test_fit_under_parameter_servers_with_legacy_keras(churn_data, tmp_path):
   assert metrics["strategy"] == "ParameterServerStrategy" and metrics["final_step"] == 100
   assert metrics["eval_accuracy"] > 0.8 and metrics["eval_examples"] == 1000
   serving.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")
+
+
+def test_a_replica_restarted_after_training_finished_does_not_wait_for_peers(churn_data, tmp_path):
+  """Vertex restarts a chief that died during its final export; its workers had exited 0. The restarted chief
+  used to block forever in MultiWorkerMirroredStrategy() waiting for them; now it exports from the final
+  checkpoint alone, and a restarted worker exits at once."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  out = tmp_path / "out"
+  chief, worker = procs.addresses(2)
+  cluster = {"chief": [chief], "worker": [worker]}
+  args = args_for(churn_data, out, "--train_steps=40", "--checkpoint_every_steps=20")
+  envs = {name: {"TF_CONFIG": procs.tf_config(cluster, name, 0)} for name in ("chief", "worker")}
+  with procs.cluster(str(tmp_path)) as c:
+    for name in ("chief", "worker"):
+      c.start(name, args, envs[name])
+    assert c.wait(["chief", "worker"], TIMEOUT) == {"chief": 0, "worker": 0}, c.log("chief")[-3000:]
+  digest_before = json.load(open(out / "model" / "eval_metrics.json"))["weights_sha256"]
+  shutil.rmtree(out / "model")  # as if the chief died mid-export
+  with procs.cluster(str(tmp_path / "again")) as c:
+    os.makedirs(c.log_dir, exist_ok=True)
+    for name in ("chief", "worker"):
+      c.start(name, args, envs[name])  # each alone: the other is not running
+      assert c.wait([name], 120) == {name: 0}, c.log(name)[-3000:]
+    assert "training finished at step 40" in c.log("chief")
+    assert "training is done, worker:0 has nothing left to do" in c.log("worker")
+  metrics = json.load(open(out / "model" / "eval_metrics.json"))
+  assert (metrics["final_step"], metrics["weights_sha256"]) == (40, digest_before)  # the same model, exported
+  assert metrics["eval_examples"] == 1000

@@ -18,6 +18,15 @@ from trainer.errors import first_line
 _WHAT_TO_DO = "use a new --output_dir (or --checkpoint_dir), or remove that directory to start over"
 
 
+def latest_step(directory: str) -> int | None:
+  """The step of the newest checkpoint in `directory` (named ckpt-<step>), or None. File reads only: safe
+  before the strategy is built."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  path = tf.train.latest_checkpoint(directory)
+  return int(path.rsplit("-", 1)[1]) if path else None
+
+
 def check_resume_step(step: int, train_steps: int, *, directory: str) -> None:
   """A checkpoint beyond the final step belongs to another run: training on would silently do nothing."""
   if step > train_steps:

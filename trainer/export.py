@@ -18,9 +18,11 @@ variable is saved as its value).
 from __future__ import annotations
 
 import tempfile
+import uuid
 
 from trainer import features as features_lib
 from trainer import models
+from trainer import paths
 from trainer import schema as schema_lib
 from trainer import storage
 
@@ -74,10 +76,47 @@ def export_saved_model(model, schema: schema_lib.Schema, directory: str) -> None
     raise
 
 
-def export_for_role(model, schema: schema_lib.Schema, directory: str, *, is_chief: bool) -> str | None:
-  """Exports on every worker (saving may run collectives); only the chief's export is kept."""
+# What a SavedModel export consists of (and the config the runner writes beside it): replaced on publishing.
+_EXPORT_ENTRIES = ("saved_model.pb", "saved_model.pbtxt", "fingerprint.pb", "variables", "assets", "assets.extra")
+
+
+def _publish(staging: str, directory: str, *, complete_marker: str, replaced: tuple[str, ...]) -> None:
+  """Copies the staged export into `directory` (local or gs://: one code path; an export is a few files)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  marker = paths.join_path(directory, complete_marker)
+  if tf.io.gfile.exists(marker):
+    tf.io.gfile.remove(marker)  # first: from here until the runner writes it again, this is no result
+  for name in replaced:
+    path = paths.join_path(directory, name)
+    if tf.io.gfile.isdir(path):
+      storage.remove_tree(path)
+    elif tf.io.gfile.exists(path):
+      tf.io.gfile.remove(path)
+  for root, _, files in tf.io.gfile.walk(staging):
+    relative = root[len(staging):].strip("/")
+    target = paths.join_path(directory, relative) if relative else directory
+    tf.io.gfile.makedirs(target)
+    for name in files:
+      tf.io.gfile.copy(paths.join_path(root, name), paths.join_path(target, name), overwrite=True)
+
+
+def export_for_role(model, schema: schema_lib.Schema, directory: str, *, is_chief: bool,
+                    complete_marker: str, extra_entries: tuple[str, ...] = ()) -> str | None:
+  """Exports on every worker (saving may run collectives); only the chief's export is kept.
+
+  The chief writes to a fresh staging dir beside `directory` and publishes only a complete export: a failed
+  export leaves the previous one in `directory` untouched. Publishing removes `complete_marker` (the metrics
+  file the runner writes last) before anything else changes, so a half-replaced export is never mistaken for
+  a result.
+  """
   if is_chief:
-    export_saved_model(model, schema, directory)
+    staging = f"{directory.rstrip('/')}.staging-{uuid.uuid4().hex[:8]}"
+    export_saved_model(model, schema, staging)  # removes the staging dir itself on failure
+    try:
+      _publish(staging, directory, complete_marker=complete_marker, replaced=_EXPORT_ENTRIES + extra_entries)
+    finally:
+      storage.remove_tree(staging)
     return directory
   scratch = tempfile.mkdtemp(prefix="trainer-export-worker-")
   try:

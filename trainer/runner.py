@@ -11,6 +11,7 @@ training touch the data for real; a bad record met there is explained by `prefli
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -20,6 +21,7 @@ from typing import Any, TextIO
 from absl import logging
 
 from trainer import __version__ as trainer_version
+from trainer import checkpoints
 from trainer import cluster as cluster_lib
 from trainer import config as config_lib
 from trainer import paths
@@ -68,6 +70,9 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
                        ("--tensorboard_dir", config.output.tensorboard_dir)):
       storage.check_writable(path, flag=flag)
   build = models.resolve_builder(config.model.name)
+  plan = _when_training_is_done(plan, config)
+  if plan is None:
+    return {}
 
   devices = strategy_lib.configure_devices(config.distribution.num_cpu_devices)
   strategy = strategy_lib.build_strategy(plan.choice, role, devices)
@@ -110,7 +115,8 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
 
   from trainer import export  # pylint: disable=g-import-not-at-top
 
-  exported = export.export_for_role(result.model, schema, config.output.model_dir, is_chief=role.is_chief)
+  exported = export.export_for_role(result.model, schema, config.output.model_dir, is_chief=role.is_chief,
+                                    complete_marker=METRICS_FILE, extra_entries=(CONFIG_FILE,))
   metrics = {
       "final_step": result.final_step,
       "resumed_from_step": result.resumed_from_step,
@@ -133,6 +139,29 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
                      path=env.hp_metric_file or hypertune.DEFAULT_PATH)
   logging.info("Final metrics: %s", json.dumps(metrics, sort_keys=True))
   return metrics
+
+
+def _when_training_is_done(plan: plan_lib.Plan, config: config_lib.Config) -> plan_lib.Plan | None:
+  """A multi-process job restarted after its final checkpoint (Vertex restarts a replica that died during the
+  export, or a whole job): peers that finished are gone, and waiting for them in the strategy's start-up would
+  hang until the job's timeout. So the chief evaluates and exports alone under the default strategy, and any
+  other training process has nothing left to do (None). Only with --train_steps: --epochs needs a count of the
+  records, which would run TensorFlow ops before the strategy exists."""
+  role = plan.role
+  if not plan.choice.multi_process or role.is_evaluator or config.train.train_steps is None:
+    return plan
+  step = checkpoints.latest_step(config.output.checkpoint_dir)
+  if step is None or step < config.train.train_steps:
+    return plan
+  checkpoints.check_resume_step(step, config.train.train_steps, directory=config.output.checkpoint_dir)
+  if not role.is_chief:
+    logging.info("The checkpoint in %s is at the final step %d: training is done, %s:%d has nothing left to do",
+                 config.output.checkpoint_dir, step, role.task_type, role.task_index)
+    return None
+  reason = (f"training finished at step {step} (checkpoint in {config.output.checkpoint_dir}): evaluating and "
+            f"exporting alone, without waiting for the {plan.choice.class_name} peers")
+  logging.info("Strategy: default (%s)", reason)
+  return dataclasses.replace(plan, choice=strategy_lib.StrategyChoice("default", reason))
 
 
 def weights_digest(model) -> str:

@@ -58,6 +58,37 @@ class _ProxyServer(socketserver.ThreadingTCPServer):
     self.upstream = upstream
     self.tls = tls
     self.faults = faults
+    self.uploads = _Uploads()
+
+
+class _Uploads:
+  """Resumable-upload sessions whose data reached fake-gcs-server.
+
+  Faults are injected before a request is forwarded, so a session either received its whole body (one PUT, as
+  TensorFlow uploads a file) or nothing. After a failed PUT, TensorFlow asks the session for its status (PUT,
+  `Content-Range: bytes */N`, empty body). Real Cloud Storage answers `308 Resume Incomplete` while nothing is
+  persisted; fake-gcs-server answers 200 and stores an empty object. The proxy answers those itself.
+  """
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._complete: set[str] = set()
+
+  @staticmethod
+  def session(target: str) -> str | None:
+    return urllib.parse.parse_qs(urllib.parse.urlsplit(target).query).get("upload_id", [None])[0]
+
+  @staticmethod
+  def is_status_query(method: str, headers: dict[str, str], body: bytes) -> bool:
+    return method == "PUT" and not body and headers.get("content-range", "").startswith("bytes */")
+
+  def completed(self, session: str) -> None:
+    with self._lock:
+      self._complete.add(session)
+
+  def is_complete(self, session: str) -> bool:
+    with self._lock:
+      return session in self._complete
 
 
 class _NoDelayConnection(http.client.HTTPConnection):
@@ -110,6 +141,10 @@ class _ProxyHandler(socketserver.StreamRequestHandler):
       # Else libcurl waits a full second before sending an upload's body.
       client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
     body = _read_body(reader, headers)
+    session = _Uploads.session(target)
+    if session and _Uploads.is_status_query(method, headers, body) and not self.server.uploads.is_complete(session):
+      client.sendall(b"HTTP/1.1 308 Resume Incomplete\r\nContent-Length: 0\r\n\r\n")  # nothing persisted
+      return True
     fault = self.server.faults.pick()
     if fault == "drop":
       client.shutdown(socket.SHUT_RDWR)
@@ -125,6 +160,8 @@ class _ProxyHandler(socketserver.StreamRequestHandler):
     upstream.request(method, target, body=body if body or method in ("POST", "PUT", "PATCH") else None,
                      headers=forward)
     response = upstream.getresponse()
+    if session and body and method == "PUT" and response.status in (200, 201):
+      self.server.uploads.completed(session)
     local = f"{self.server.upstream[0]}:{self.server.upstream[1]}"
     length = response.getheader("content-length")
     # Stream large bodies (object reads) instead of buffering them: the client gets bytes sooner.

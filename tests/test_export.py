@@ -1,0 +1,65 @@
+"""Publishing an export: a failed export leaves the previous good one untouched, a re-export replaces it whole
+and removes the stale metrics file first, and no staging dir is left behind. In-process, local and gs://."""
+
+import json
+import os
+
+import pytest
+import tensorflow as tf
+
+from trainer import config as config_lib
+from trainer import export
+from trainer import models
+from trainer import schema as schema_lib
+
+MARKER = "eval_metrics.json"
+
+
+def _model(churn_data, units):
+  schema = schema_lib.load_schema(f"{churn_data}/train/schema.json")
+  return models.build_tabular(schema, config_lib.ModelConfig(hidden_units=(units,))), schema
+
+
+def _listing(directory):
+  return sorted(tf.io.gfile.listdir(directory)) if tf.io.gfile.exists(directory) else []
+
+
+def _siblings(directory):
+  parent, name = directory.rstrip("/").rsplit("/", 1)
+  return sorted(n.rstrip("/") for n in tf.io.gfile.listdir(parent) if n.rstrip("/").startswith(name))
+
+
+@pytest.mark.parametrize("where", ["local", "gs"])
+def test_failed_export_keeps_the_previous_and_a_reexport_replaces_it(churn_data, tmp_path, where, request,
+                                                                       monkeypatch):
+  directory = str(tmp_path / "model") if where == "local" else "gs://test-bucket/exports/publish"
+  if where == "gs":
+    request.getfixturevalue("gcs")
+  first, schema = _model(churn_data, 4)
+  assert export.export_for_role(first, schema, directory, is_chief=True, complete_marker=MARKER) == directory
+  with tf.io.gfile.GFile(f"{directory}/{MARKER}", "w") as f:
+    f.write(json.dumps({"final_step": 1}))
+  before = _listing(directory)
+  assert "saved_model.pb" in before and MARKER in before
+
+  second, _ = _model(churn_data, 8)
+
+  def broken_save(*args, **kwargs):
+    raise OSError("disk full (injected)")
+
+  with monkeypatch.context() as patch:
+    patch.setattr(tf.saved_model, "save", broken_save)
+    with pytest.raises(OSError, match="injected"):
+      export.export_for_role(second, schema, directory, is_chief=True, complete_marker=MARKER)
+  assert _listing(directory) == before  # the previous complete export and its metrics, untouched
+  assert _siblings(directory) == ["model" if where == "local" else "publish"]  # no staging dir left
+  loaded = tf.saved_model.load(directory).signatures["serving_default"]
+  assert loaded.structured_outputs  # still serves
+
+  export.export_for_role(second, schema, directory, is_chief=True, complete_marker=MARKER)
+  assert MARKER not in _listing(directory)  # the stale metrics are gone until the runner writes new ones
+  assert _siblings(directory) == ["model" if where == "local" else "publish"]
+  kernel_shapes = {tuple(v.shape) for v in tf.saved_model.load(directory).variables}
+  assert (8, 2) in kernel_shapes and (4, 2) not in kernel_shapes  # the 8-unit model's output layer, not the 4's
+  if where == "local":
+    assert not os.path.exists(f"{directory}/{MARKER}")
