@@ -98,11 +98,11 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
   # data, a plug-in model, a checkpoint of another model): what is left must not look like a result.
   created = [d for d in (config.output.tensorboard_dir, config.output.checkpoint_dir)
              if role.is_chief and not tf.io.gfile.exists(d)]
+  # The resolved run, written beside the checkpoints from the start (a preempted or failed run says what it
+  # was) and beside the export at the end.
+  run_record = {"config": json.loads(config.to_json()), "schema": schema.to_dict(), "plan": plan.to_dict(config)}
   if role.is_chief:
-    # The resolved config beside the checkpoints from the start: a preempted or failed run says what it was.
-    storage.write_json(paths.join_path(config.output.checkpoint_dir, CONFIG_FILE),
-                       {"config": json.loads(config.to_json()), "schema": schema.to_dict(),
-                        "plan": plan.to_dict(config)})
+    storage.write_json(paths.join_path(config.output.checkpoint_dir, CONFIG_FILE), run_record)
   try:
     try:
       result = (training.fit_loop if config.train.loop == "fit" else training.custom_loop)(job)
@@ -129,9 +129,7 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
   }
   if exported:
     # Written last: a metrics file next to the model means the export is complete.
-    storage.write_json(paths.join_path(exported, CONFIG_FILE),
-                       {"config": json.loads(config.to_json()), "schema": schema.to_dict(),
-                        "plan": plan.to_dict(config)})
+    storage.write_json(paths.join_path(exported, CONFIG_FILE), run_record)
     storage.write_json(paths.join_path(exported, METRICS_FILE), metrics)
     logging.info("Exported SavedModel to %s", exported)
   if role.is_chief and config.train.hypertune_metric:

@@ -313,6 +313,7 @@ class _FitReporting:
     log_action = loop_lib.PeriodicAction("log", log, every_steps=log_every_steps)
     timed_checkpoint = loop_lib.PeriodicAction("checkpoint", lambda state: keeper.save(state.step),
                                                every_secs=checkpoint_every_secs, at_end=False)
+    save_on_sigterm = _save_on_sigterm(watcher, keeper) if watcher is not None else None
 
     class Reporting(tf.keras.callbacks.Callback):
 
@@ -334,8 +335,8 @@ class _FitReporting:
         log_action(state)
         if checkpoint_every_secs:
           timed_checkpoint(state)
-        if watcher is not None and watcher.requested:
-          raise preemption.Preempted(state.step, keeper.save(state.step))
+        if save_on_sigterm is not None:
+          save_on_sigterm(state)
         if state.step >= train_steps:
           self.model.stop_training = True  # Keras checks it after every batch, then still ends the epoch
 
