@@ -67,3 +67,25 @@ def test_parameter_server_closures_keep_workers_busy_within_steps_per_loop():
   assert training.closure_sizes(200, steps_per_loop=50, num_workers=2) == [50, 50, 50, 50]
   assert training.closure_sizes(7, steps_per_loop=50, num_workers=2) == [4, 3]
   assert training.closure_sizes(3, steps_per_loop=50, num_workers=8) == [1, 1, 1]
+
+
+def test_an_agreement_fires_what_any_process_found_due():
+  """Under MultiWorkerMirroredStrategy a clock or a signal decides on one process; the agreement makes every
+  process fire it at the same step."""
+  fired = []
+  sigterm = [False]
+  actions = [loop.PeriodicAction("log", lambda s: fired.append(("log", s.step)), every_steps=10),
+             loop.PeriodicAction("preempt", lambda s: fired.append(("preempt", s.step)), when=lambda: sigterm[0],
+                                 at_end=False)]
+  peer_due = [False, True]  # what the other process found due: its SIGTERM arrived
+  seen = []
+
+  def agree(due):
+    seen.append(list(due))
+    return [a or b for a, b in zip(due, peer_due)]
+
+  loop.fire_due(actions, loop.LoopState(step=5), agree=agree)
+  assert fired == [("preempt", 5)] and seen == [[False, False]]
+  sigterm[0] = True
+  loop.fire_due(actions, loop.LoopState(step=10), agree=lambda due: due)
+  assert fired == [("preempt", 5), ("log", 10), ("preempt", 10)]

@@ -87,3 +87,43 @@ def test_sigterm_to_the_parameter_server_coordinator(churn_data, tmp_path):
     metrics = _preempt_and_resume(args, tmp_path, env={"TF_CONFIG": procs.tf_config(cluster, "chief", 0)})
     assert c.procs["ps"].poll() is None and c.procs["worker"].poll() is None
   assert metrics["strategy"] == "ParameterServerStrategy"
+
+
+@pytest.mark.parametrize("loop", ["custom", "fit"])
+def test_sigterm_to_one_multi_worker_replica_saves_on_all(churn_data, tmp_path, loop):
+  """A Spot VM is reclaimed: only the worker gets SIGTERM. The workers agree on the step, all save it and exit
+  143 (the job cannot go on without the preempted one), and the restarted job resumes there, in sync. `fit`
+  runs under tf_keras (Keras 3's fit fails under this strategy)."""
+  out = tmp_path / "out"
+  chief, worker = procs.addresses(2)
+  cluster = {"chief": [chief], "worker": [worker]}
+  args = _args(churn_data, "--steps_per_loop=10", f"--loop={loop}") + [f"--output_dir={out}"]
+  legacy = {"TF_USE_LEGACY_KERAS": "1"} if loop == "fit" else {}
+  envs = {name: {"TF_CONFIG": procs.tf_config(cluster, name, 0), **legacy} for name in ("chief", "worker")}
+  with procs.cluster(str(tmp_path)) as c:
+    for name in ("chief", "worker"):
+      c.start(name, args + ["--train_steps=1000000"], envs[name])
+    _wait_for(os.path.join(tmp_path, "chief.log"), "step 100/", c.procs["chief"])
+    os.kill(c.procs["worker"].pid, signal.SIGTERM)
+    codes = c.wait(["chief", "worker"], 30)  # Spot gives about 30 s before the SIGKILL
+    chief_log, worker_log = c.log("chief"), c.log("worker")
+  assert codes == {"chief": 143, "worker": 143}, chief_log[-2000:] + worker_log[-2000:]
+  (saved,) = re.findall(r"Preempted \(SIGTERM on a peer replica: saved checkpoint \S+ckpt-(\d+) at step (\d+)\)",
+                        chief_log)
+  step = int(saved[1])
+  assert int(saved[0]) == step >= 100 and os.path.exists(out / "checkpoints" / f"ckpt-{step}.index")
+  assert re.search(rf"Preempted \(SIGTERM: saved checkpoint .*ckpt-{step} at step {step}\)", worker_log)
+  with procs.cluster(str(tmp_path)) as c:
+    for name in ("chief", "worker"):
+      c.start(name, args + [f"--train_steps={step + 50}"], envs[name])
+    codes = c.wait(["chief", "worker"], TIMEOUT)
+    chief_log, worker_log = c.log("chief"), c.log("worker")
+  assert codes == {"chief": 0, "worker": 0}, chief_log[-2000:] + worker_log[-2000:]
+  assert f"Resuming at step {step} of {step + 50}" in chief_log  # 0 steps lost
+  assert f"Resuming at step {step} of {step + 50}" in worker_log
+  with open(out / "model" / "eval_metrics.json") as f:
+    metrics = json.load(f)
+  assert (metrics["strategy"], metrics["resumed_from_step"], metrics["final_step"]) == (
+      "MultiWorkerMirroredStrategy", step, step + 50)
+  digests = [re.findall(r'"weights_sha256": "([0-9a-f]{64})"', log)[-1] for log in (chief_log, worker_log)]
+  assert digests[0] == digests[1]

@@ -101,6 +101,7 @@ class DistributionConfig:
   num_cpu_devices: int = 1
   tpu: str | None = None
   reduction_server: bool = False
+  peer_timeout_secs: float = 900.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +139,8 @@ def validate(config: Config) -> None:
   if train.eval_steps is not None and train.eval_steps < 0:
     raise UserError(f"--eval_steps must be >= 0 (0 skips evaluation), got {train.eval_steps}")
   _positive("--num_cpu_devices", config.distribution.num_cpu_devices)
+  if not config.distribution.peer_timeout_secs > 0:
+    raise UserError(f"--peer_timeout_secs must be > 0, got {config.distribution.peer_timeout_secs}")
   if not 0 <= config.model.dropout < 1:
     raise UserError(f"--dropout must be in [0, 1), got {config.model.dropout}")
   if not config.model.hidden_units or any(u <= 0 for u in config.model.hidden_units):

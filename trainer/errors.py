@@ -16,3 +16,14 @@ def first_line(error: BaseException, *, limit: int = 300) -> str:
   """The first line of an exception's message (TensorFlow's `OpError.message` included), for a one-line error."""
   text = str(getattr(error, "message", None) or error).strip()
   return text.splitlines()[0].split(" [[")[0][:limit] if text else type(error).__name__
+
+
+class ExternalFailure(Exception):
+  """Something outside this process failed, not the input: a peer replica, or Cloud Storage.
+
+  `task.py` turns it into one `error:` line and EXIT_EXTERNAL_FAILURE (not the bad-input code 2): a non-zero exit
+  makes Vertex restart the replica or the job, which resumes from the last checkpoint.
+  """
+
+
+EXIT_EXTERNAL_FAILURE = 1

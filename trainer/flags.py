@@ -63,6 +63,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_boolean("reduction_server", False, "Vertex pool 2 runs a Reduction Server, not parameter "
                        "servers: train with MultiWorkerMirroredStrategy over chief and workers.", **fv)
   flags.DEFINE_string("tpu", None, "TPU name or 'local'. Default: $TPU_NAME.", **fv)
+  flags.DEFINE_float("peer_timeout_secs", 900, "Multi-process jobs: end with one line naming the missing "
+                     "replicas when peers have not joined, or a training chunk has not completed, for this many "
+                     "seconds (Vertex starts a job's replicas minutes apart at most).", **fv)
   # Outputs.
   flags.DEFINE_string("output_dir", None, "Base output dir: model/, checkpoints/ and logs/ under it, as "
                       "Vertex's baseOutputDirectory.", **fv)
@@ -132,6 +135,7 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment) -> 
                                      tensorboard_dir=tensorboard_dir),
       distribution=config_lib.DistributionConfig(
           strategy=values.strategy, num_cpu_devices=values.num_cpu_devices, tpu=values.tpu or env.tpu_name,
+          peer_timeout_secs=values.peer_timeout_secs,
           reduction_server=values.reduction_server),
       hparams=_parse_hparams(values.hparams),
   )

@@ -6,8 +6,15 @@ steps, well under a second to a few seconds), saves a checkpoint at the step rea
 job's success, while a non-zero exit makes it restart the replica, which resumes from that checkpoint with no
 step lost.
 
-Under MultiWorkerMirroredStrategy the workers would have to agree on the step to save at, and TensorFlow's
-coordination service installs its own SIGTERM handler; that case is not handled here yet (see the README).
+Under MultiWorkerMirroredStrategy the signal may reach one worker only (one Spot VM is reclaimed), yet all of
+them must save the same step together. The loop's agreement (`training._agreement`) all-reduces "SIGTERM seen"
+after every chunk, so every worker saves at the same step and stops; the ones that were not signalled stop too
+(`on_peer`), since the job cannot go on without the preempted one. TensorFlow's coordination service installs
+its own SIGTERM handler when the strategy starts (it swallows the signal); the watcher is entered after the
+strategy exists, so its handler is the one that runs.
+
+Under parameter servers the chief saves (the workers and parameter servers hold no state of their own to
+lose); `fit` there runs no batch-level callbacks, so it has no point to save at and ends as it always did.
 """
 
 from __future__ import annotations
@@ -21,9 +28,10 @@ EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a scheduler expects from a process e
 class Preempted(Exception):
   """Training stopped on SIGTERM after saving the checkpoint at `step`."""
 
-  def __init__(self, step: int, checkpoint: str | None):
-    super().__init__(f"SIGTERM: saved checkpoint {checkpoint} at step {step}")
-    self.step, self.checkpoint = step, checkpoint
+  def __init__(self, step: int, checkpoint: str | None, *, on_peer: bool = False):
+    where = "SIGTERM on a peer replica" if on_peer else "SIGTERM"
+    super().__init__(f"{where}: saved checkpoint {checkpoint} at step {step}")
+    self.step, self.checkpoint, self.on_peer = step, checkpoint, on_peer
 
 
 class SigtermWatcher:

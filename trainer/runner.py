@@ -11,6 +11,7 @@ training touch the data for real; a bad record met there is explained by `prefli
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -25,6 +26,7 @@ from trainer import checkpoints
 from trainer import cluster as cluster_lib
 from trainer import config as config_lib
 from trainer import paths
+from trainer import peers
 from trainer import hypertune
 from trainer import models
 from trainer import plan as plan_lib
@@ -64,7 +66,6 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
     return {}
 
   inputs = preflight.check_inputs(config)
-  schema = inputs.schema
   if role.is_chief:
     for flag, path in (("--model_dir", config.output.model_dir), ("--checkpoint_dir", config.output.checkpoint_dir),
                        ("--tensorboard_dir", config.output.tensorboard_dir)):
@@ -74,8 +75,28 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
   if plan is None:
     return {}
 
+  with _peer_watchdog(plan, config) as watchdog:
+    return _build_and_train(config, env, plan, inputs, build, interactive, watchdog)
+
+
+def _peer_watchdog(plan: plan_lib.Plan, config: config_lib.Config):
+  """Bounds the waits for peers (start-up, every chunk, the evaluation) in a multi-process job's chief and
+  workers; the side-car evaluator only reads checkpoints."""
+  if not plan.choice.multi_process or plan.role.is_evaluator:
+    return contextlib.nullcontext(None)
+  return peers.PeerWatchdog(plan.role, config.distribution.peer_timeout_secs)
+
+
+def _build_and_train(config: config_lib.Config, env: config_lib.Environment, plan: plan_lib.Plan,
+                     inputs: preflight.Inputs, build, interactive: bool,
+                     watchdog: peers.PeerWatchdog | None) -> dict[str, Any]:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  role, schema = plan.role, inputs.schema
   devices = strategy_lib.configure_devices(config.distribution.num_cpu_devices)
   strategy = strategy_lib.build_strategy(plan.choice, role, devices)
+  if watchdog is not None:
+    watchdog.feed("the first training chunk")
   tf.keras.utils.set_random_seed(config.train.seed)
   if config.train.run_eagerly:
     tf.config.run_functions_eagerly(True)
@@ -87,7 +108,7 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
       config=config, schema=schema, strategy=strategy, choice=plan.choice, role=role,
       train_files=inputs.train_files, eval_files=inputs.eval_files, csv_headers=inputs.csv_headers,
       train_steps=preflight.total_steps(config, inputs.train_files), interactive=interactive,
-      build_model=lambda: build(schema, config.model, config.hparams))
+      build_model=lambda: build(schema, config.model, config.hparams), peer_watchdog=watchdog)
 
   if role.is_evaluator:
     from trainer import evaluation  # pylint: disable=g-import-not-at-top
@@ -112,6 +133,9 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
     for directory in created:
       storage.remove_tree(directory)
     raise
+
+  if watchdog is not None:
+    watchdog.close()  # the export waits on storage, not on peers
 
   from trainer import export  # pylint: disable=g-import-not-at-top
 

@@ -24,6 +24,8 @@ from absl import logging
 from trainer import config as config_lib
 from trainer import flags as trainer_flags
 from trainer import storage
+from trainer.errors import EXIT_EXTERNAL_FAILURE
+from trainer.errors import ExternalFailure
 from trainer.errors import UserError
 
 EXIT_USER_ERROR = 2
@@ -57,6 +59,8 @@ def run_command(argv: list[str], environ: MutableMapping[str, str], *,
     runner.run(config, env, dry_run=flag_values.dry_run, interactive=sys.stderr.isatty())
   except UserError as e:
     return _fail(str(e))
+  except ExternalFailure as e:
+    return _fail(str(e), code=EXIT_EXTERNAL_FAILURE)
   except preemption.Preempted as e:
     # Not 0: Vertex would take a chief's 0 as the job's success. The restarted replica resumes at e.step.
     logging.warning("Preempted (%s); exiting %d so that Vertex restarts this replica", e, preemption.EXIT_PREEMPTED)
@@ -68,9 +72,9 @@ def main(argv: list[str]) -> int:
   return run_command(argv, os.environ)
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, *, code: int = EXIT_USER_ERROR) -> int:
   sys.stderr.write(f"error: {message}\n")
-  return EXIT_USER_ERROR
+  return code
 
 
 def _parse_flags(argv: list[str]) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import re
 import time
 from typing import Any, Callable
 
@@ -30,7 +31,10 @@ from trainer import progress as progress_lib
 from trainer import schema as schema_lib
 from trainer import strategy as strategy_lib
 from trainer import writers
+from trainer.errors import EXIT_EXTERNAL_FAILURE
+from trainer.errors import ExternalFailure
 from trainer.errors import UserError
+from trainer.errors import first_line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +52,12 @@ class Job:
   train_steps: int
   interactive: bool
   build_model: Callable[..., Any]
+  peer_watchdog: Any = None  # peers.PeerWatchdog in a multi-process job: fed after every chunk
+
+  def peers_moved(self, next_wait: str) -> None:
+    """The job moved past a wait on peers; `next_wait` names the next one (for the watchdog's message)."""
+    if self.peer_watchdog is not None:
+      self.peer_watchdog.feed(next_wait)
 
   @property
   def is_chief(self) -> bool:
@@ -191,9 +201,18 @@ def closure_sizes(num: int, *, steps_per_loop: int, num_workers: int) -> list[in
   return sizes + [num % per_closure] if num % per_closure else sizes
 
 
-def _coordinated_steps(job: Job, replica_step: Callable) -> Callable[[int], tuple[int, float]]:
+def _coordinated_steps(job: Job, replica_step: Callable, optimizer,
+                       start_step: int) -> Callable[[int], tuple[int, float]]:
   """The loop's source under ParameterServerStrategy: the chief schedules closures of several steps on the
-  workers (`closure_sizes`) and waits for them all, so checkpoints hold every step before them."""
+  workers (`closure_sizes`) and waits for them all, so checkpoints hold every step before them.
+
+  The optimizer's step counter on the parameter servers is not the count of steps run: a worker lost in the
+  middle of a closure has applied some of its steps when the coordinator runs the whole closure again on another
+  worker (a step counted twice), and Keras 3 increments the counter as a read then a write, so workers updating
+  it at once lose increments (measured: 584 of 600 steps counted with 2 workers). The updates themselves cannot
+  be taken back (asynchronous training tolerates them), but the count can: after each chunk it is set to the
+  steps scheduled, so the run ends at exactly --train_steps and checkpoints are named for the steps they hold.
+  """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   strategy = job.strategy
@@ -211,13 +230,48 @@ def _coordinated_steps(job: Job, replica_step: Callable) -> Callable[[int], tupl
   logging.info("Parameter servers: each chunk is scheduled as closures of up to %d steps (--steps_per_loop) over "
                "%d worker(s)", steps_per_loop, num_workers)
 
+  scheduled = start_step
+
   def advance(num: int) -> tuple[int, float]:
+    nonlocal scheduled
     sizes = closure_sizes(num, steps_per_loop=steps_per_loop, num_workers=num_workers)
     results = [coordinator.schedule(train_steps, args=(iterator, tf.constant(size))) for size in sizes]
-    coordinator.join()
+    try:
+      coordinator.join()
+    except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as e:
+      # The coordinator survives lost workers by itself; what reaches here is a lost parameter server, whose
+      # variables are gone: only a restart of the job (from the last checkpoint) can go on.
+      raise ExternalFailure(f"{_lost_peers(e, job.role)} was lost after step {scheduled} ({_error_detail(e)}); "
+                            f"this chief exits {EXIT_EXTERNAL_FAILURE} so that Vertex restarts the job, which "
+                            f"resumes from the last checkpoint in {job.config.output.checkpoint_dir}") from None
+    scheduled += num
+    counted = int(optimizer.iterations.numpy())
+    if counted > scheduled:
+      logging.warning("A worker was lost during a closure: %d step(s) it had applied ran again on another worker; "
+                      "the step count is set back from %d to %d", counted - scheduled, counted, scheduled)
+    elif counted < scheduled:
+      logging.info("The parameter servers counted %d of %d steps (workers' increments interleaved); the step "
+                   "count is set to %d", counted, scheduled, scheduled)
+    if counted != scheduled:
+      optimizer.iterations.assign(scheduled)
     return num, sum(float(r.fetch()) for r in results) / num
 
   return advance
+
+
+def _lost_peers(error: Exception, role: cluster_lib.ClusterRole) -> str:
+  """The parameter servers an error names by address or task, e.g. "parameter server ps:0 (127.0.0.1:2222)"."""
+  text = str(getattr(error, "message", "") or error)
+  named = [f"{cluster_lib.PS}:{index} ({address})" for index, address in enumerate(role.cluster.get(cluster_lib.PS, ()))
+           if address in text or f"/job:{cluster_lib.PS}/replica:0/task:{index}" in text]
+  return "parameter server " + ", ".join(named) if named else "a parameter server"
+
+
+def _error_detail(error: Exception) -> str:
+  """The line of a TensorFlow error that says what failed (its first line is often "Graph execution error:")."""
+  text = str(getattr(error, "message", "") or error)
+  found = re.search(r"\b(UNAVAILABLE|ABORTED|CANCELLED|DEADLINE_EXCEEDED):\s*(.+)", text)
+  return f"{found.group(1)}: {found.group(2).strip()[:200]}" if found else first_line(error)
 
 
 def custom_loop(job: Job) -> TrainResult:
@@ -234,24 +288,30 @@ def custom_loop(job: Job) -> TrainResult:
     replica_step = _replica_step(model, optimizer, objective, names=models.input_names(model),
                                  global_batch_size=cfg.global_batch_size)
     parameter_server = job.choice.parameter_server
-    advance = (_coordinated_steps if parameter_server else _synchronous_steps)(job, replica_step)
+    if parameter_server:
+      advance = _coordinated_steps(job, replica_step, optimizer, start_step)
+    else:
+      advance = _synchronous_steps(job, replica_step)
     log = _TrainLog(writer, optimizer, global_batch_size=cfg.global_batch_size, start_step=start_step)
-    with _sigterm_watcher(job) as watcher:
+    with preemption.SigtermWatcher() as watcher:
       # In this order after every chunk: a non-finite loss stops before anything is saved; the preemption check
       # comes last, so a chunk that ends on a checkpoint step is saved once.
       actions = [
+          loop_lib.PeriodicAction("peers moved", lambda state: job.peers_moved("the next training chunk"),
+                                  every_secs=0),
           loop_lib.PeriodicAction("loss guard", _LossGuard(start_step), every_secs=0),
           loop_lib.PeriodicAction("log", log, every_steps=cfg.log_every_steps),
           loop_lib.PeriodicAction("checkpoint", lambda state: keeper.save(state.step),
                                   every_steps=cfg.checkpoint_every_steps, every_secs=cfg.checkpoint_every_secs),
       ]
       if watcher is not None:
-        actions.append(loop_lib.PeriodicAction("preemption", _save_on_sigterm(watcher, keeper), every_secs=0,
-                                               at_end=False))
+        actions.append(_preemption_action(watcher, keeper))
       # Under parameter servers a chunk spans closures on every worker; each stays within steps_per_loop.
       state = loop_lib.run(start_step=start_step, total_steps=job.train_steps, advance=advance, actions=actions,
-                           max_steps_per_call=None if parameter_server else cfg.steps_per_loop)
+                           max_steps_per_call=None if parameter_server else cfg.steps_per_loop,
+                           agree=_agreement(job))
     final_step = int(optimizer.iterations.numpy())
+    job.peers_moved("the evaluation pass")
     eval_metrics = evaluation.evaluate(job, model, objective)
     if eval_metrics:
       writer.write("eval", final_step, eval_metrics)
@@ -278,20 +338,35 @@ class _LossGuard:
     self._checked_step = state.step
 
 
-def _sigterm_watcher(job: Job):
-  """Records SIGTERM for the loop, except under MultiWorkerMirroredStrategy (TensorFlow's coordination service
-  handles SIGTERM there, and the workers would have to agree on the step)."""
-  if job.choice.name == "multi_worker_mirrored":
-    return contextlib.nullcontext(None)
-  return preemption.SigtermWatcher()
+def _preemption_action(watcher: preemption.SigtermWatcher,
+                       keeper: checkpoints.CheckpointKeeper) -> loop_lib.PeriodicAction:
+  """Saves at the step reached and stops with `Preempted` once SIGTERM arrived, here or (agreed) on a peer."""
+
+  def save_and_stop(state: loop_lib.LoopState) -> None:
+    raise preemption.Preempted(state.step, keeper.save(state.step), on_peer=not watcher.requested)
+
+  return loop_lib.PeriodicAction("preemption", save_and_stop, when=lambda: watcher.requested, at_end=False)
 
 
-def _save_on_sigterm(watcher: preemption.SigtermWatcher, keeper: checkpoints.CheckpointKeeper):
-  def check(state: loop_lib.LoopState) -> None:
-    if watcher.requested:
-      raise preemption.Preempted(state.step, keeper.save(state.step))
+def _agreement(job: Job) -> loop_lib.Agreement | None:
+  """Under MultiWorkerMirroredStrategy every worker must save the same step together (a checkpoint of mirrored
+  variables is written by all of them), but a clock (--checkpoint_every_secs) or a SIGTERM decides on one
+  process. So after every chunk the workers all-reduce their due flags: one small collective per chunk, next
+  to the chunk's own per-step all-reduces. Other strategies run the loop in one process: nothing to agree."""
+  if job.choice.name != "multi_worker_mirrored":
+    return None
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  return check
+  strategy = job.strategy
+
+  @tf.function
+  def any_process(flags):
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: flags), axis=None) > 0
+
+  def agree(due):
+    return [bool(v) for v in any_process(tf.constant([float(d) for d in due])).numpy()]
+
+  return agree
 
 
 class _FitReporting:
@@ -299,27 +374,35 @@ class _FitReporting:
 
   Saves a checkpoint at the end of each Keras epoch (one checkpoint period), reports progress through the same
   log action as the custom loop every --log_every_steps, and with `batch_level` stops `fit` exactly at the
-  final step and runs the custom loop's other per-chunk actions after every execution: the loss guard, the
-  time-based checkpoint and the SIGTERM save. Without `batch_level` (Keras rejects batch-level callbacks under
-  ParameterServerStrategy) it reports and guards once per checkpoint period.
+  final step and fires the custom loop's other per-chunk actions after every execution, agreed across workers
+  like the custom loop's: the loss guard, the time-based checkpoint and the SIGTERM save. Without `batch_level`
+  (Keras rejects batch-level callbacks under ParameterServerStrategy) it reports and guards once per checkpoint
+  period.
   """
 
   @staticmethod
   def create(keeper: checkpoints.CheckpointKeeper, optimizer, log: _TrainLog, *, log_every_steps: int,
              train_steps: int, batch_level: bool, guard: _LossGuard, checkpoint_every_secs: float | None,
-             watcher: preemption.SigtermWatcher | None):
+             watcher: preemption.SigtermWatcher | None, agree: loop_lib.Agreement | None,
+             peers_moved: Callable[[str], None]):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
     log_action = loop_lib.PeriodicAction("log", log, every_steps=log_every_steps)
-    timed_checkpoint = loop_lib.PeriodicAction("checkpoint", lambda state: keeper.save(state.step),
-                                               every_secs=checkpoint_every_secs, at_end=False)
-    save_on_sigterm = _save_on_sigterm(watcher, keeper) if watcher is not None else None
+    after_batch = [loop_lib.PeriodicAction("peers moved", lambda state: peers_moved("the next training step"),
+                                           every_secs=0),
+                   loop_lib.PeriodicAction("loss guard", guard, every_secs=0), log_action]
+    if checkpoint_every_secs:
+      after_batch.append(loop_lib.PeriodicAction("checkpoint", lambda state: keeper.save(state.step),
+                                                 every_secs=checkpoint_every_secs, at_end=False))
+    if watcher is not None:
+      after_batch.append(_preemption_action(watcher, keeper))
 
     class Reporting(tf.keras.callbacks.Callback):
 
       def on_epoch_end(self, epoch, logs=None):
         step = int(optimizer.iterations.numpy())
         state = loop_lib.LoopState(step, metrics=dict(logs or {}))
+        peers_moved("the next training epoch")
         guard(state)
         keeper.save(step)
         if batch_level:
@@ -331,12 +414,7 @@ class _FitReporting:
 
       def on_train_batch_end(self, batch, logs=None):
         state = loop_lib.LoopState(int(optimizer.iterations.numpy()), metrics=dict(logs or {}))
-        guard(state)
-        log_action(state)
-        if checkpoint_every_secs:
-          timed_checkpoint(state)
-        if save_on_sigterm is not None:
-          save_on_sigterm(state)
+        loop_lib.fire_due(after_batch, state, agree=agree)
         if state.step >= train_steps:
           self.model.stop_training = True  # Keras checks it after every batch, then still ends the epoch
 
@@ -404,12 +482,13 @@ def fit_loop(job: Job) -> TrainResult:
     writer = _writer(job, start_step)
     log = _TrainLog(writer, optimizer, global_batch_size=cfg.global_batch_size, start_step=start_step)
     losses = [None]
-    # Keras runs no batch-level callbacks under parameter servers: no SIGTERM save there yet (see preemption).
-    with _sigterm_watcher(job) if not parameter_server else contextlib.nullcontext(None) as watcher:
+    # Keras runs no batch-level callbacks under parameter servers, so there is no point to save at on SIGTERM
+    # there: the process ends as it always did, losing at most one checkpoint period.
+    with preemption.SigtermWatcher() if not parameter_server else contextlib.nullcontext(None) as watcher:
       callback = _FitReporting.create(keeper, optimizer, log, log_every_steps=cfg.log_every_steps,
                                       train_steps=job.train_steps, batch_level=not parameter_server,
                                       guard=_LossGuard(start_step), checkpoint_every_secs=cfg.checkpoint_every_secs,
-                                      watcher=watcher)
+                                      watcher=watcher, agree=_agreement(job), peers_moved=job.peers_moved)
       for initial_epoch, epochs, epoch_steps in fit_calls(start_step, job.train_steps, cfg.checkpoint_every_steps,
                                                           stop_at_final_step=not parameter_server):
         if parameter_server:
@@ -420,6 +499,7 @@ def fit_loop(job: Job) -> TrainResult:
                             callbacks=[callback], verbose=0)
         losses = history.history.get("loss") or losses
     final_step = int(optimizer.iterations.numpy())
+    job.peers_moved("the evaluation pass")
     eval_metrics = evaluation.evaluate(job, model, objective)
     if eval_metrics:
       writer.write("eval", final_step, eval_metrics)
