@@ -91,7 +91,7 @@ def _start_child_env() -> None:
   """Every pipeline runs with the trainer's storage settings, applied as `python -m trainer.task` does."""
   from trainer import storage  # pylint: disable=g-import-not-at-top
 
-  storage.configure_gcs_reads(os.environ)
+  storage.configure_gcs(os.environ)
 
 
 def serve(kind: str, pattern: str, schema_path: str, batch: int) -> None:

@@ -56,7 +56,7 @@ def test_trainer_sets_its_gcs_read_block_before_tensorflow_loads(gcs):
   gcs.storage_client().bucket("test-bucket").blob("blocks/20mib.bin").upload_from_string(os.urandom(20 << 20))
   read = ("import os, sys\n"
           "from trainer import storage\n"
-          "if sys.argv[1] == 'trainer': storage.configure_gcs_reads(os.environ)\n"
+          "if sys.argv[1] == 'trainer': storage.configure_gcs(os.environ)\n"
           "import tensorflow as tf\n"
           "with tf.io.gfile.GFile('gs://test-bucket/blocks/20mib.bin', 'rb') as f: assert len(f.read()) == 20 << 20\n")
   env = procs.trainer_env(gcs.env)
@@ -69,18 +69,20 @@ def test_trainer_sets_its_gcs_read_block_before_tensorflow_loads(gcs):
     assert result.returncode == 0, result.stderr[-2000:]
     requests[setting] = _proxy_requests(gcs) - before
   assert requests["trainer"] - requests["tensorflow-default"] == 2, requests  # 3 blocks of 8 MiB, not 1 of 64
-  # The entry point loads no TensorFlow before main() runs, so its configure_gcs_reads call comes first.
+  # The entry point loads no TensorFlow before main() runs, so its configure_gcs call comes first.
   code = ("import sys, trainer.task, trainer.runner, trainer.flags\n"
           "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'tf_keras')))")
   imported = subprocess.run([sys.executable, "-c", code], env=env, cwd=procs.REPO, capture_output=True, text=True,
                             timeout=60, check=True).stdout.strip()
   assert imported == "[]"
   from trainer import storage  # pylint: disable=g-import-not-at-top
-  unset, chosen = {}, {"GCS_READ_CACHE_BLOCK_SIZE_MB": "2"}
-  storage.configure_gcs_reads(unset)
-  storage.configure_gcs_reads(chosen)
-  assert unset == {"GCS_READ_CACHE_BLOCK_SIZE_MB": "8"}
-  assert chosen == {"GCS_READ_CACHE_BLOCK_SIZE_MB": "2"}  # a user's own setting wins
+  unset, chosen = {}, {"GCS_READ_CACHE_BLOCK_SIZE_MB": "2", "GCS_RETRY_CONFIG_MAX_RETRIES": "10"}
+  storage.configure_gcs(unset)
+  storage.configure_gcs(chosen)
+  assert unset == {"GCS_READ_CACHE_BLOCK_SIZE_MB": "8", "GCS_RETRY_CONFIG_MAX_RETRIES": "6",
+                   "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": "16000000", "GCS_REQUEST_CONNECTION_TIMEOUT_SECS": "20"}
+  # A user's own setting wins.
+  assert chosen["GCS_READ_CACHE_BLOCK_SIZE_MB"] == "2" and chosen["GCS_RETRY_CONFIG_MAX_RETRIES"] == "10"
 
 
 def _gcs_args(data, out, *extra):
@@ -240,3 +242,36 @@ def test_uploads_survive_injected_faults_whole(tmp_path, fail_rate):
   with open(tmp_path / "gcs" / "gcs-proxy.log") as f:
     stats = json.loads(f.read().strip().splitlines()[-1])
   assert stats["injected"] >= 2, stats  # faults really happened
+
+
+def test_a_storage_outage_mid_run_ends_in_one_line_naming_the_bucket(churn_data, tmp_path):
+  """Cloud Storage goes away while the run checkpoints to it: the next save fails after the trainer's bounded
+  retries (the emulator's short first delay keeps this test quick) with one line naming the bucket, exit 1."""
+  outage = emulator_lib.start(buckets=("outage-bucket",), directory=str(tmp_path / "gcs"))
+  log_path = tmp_path / "trainer.log"
+  try:
+    with open(log_path, "w") as log:
+      proc = subprocess.Popen(procs.trainer_cmd([
+          f"--train_data={churn_data}/train/*.tfrecord", "--output_dir=gs://outage-bucket/run",
+          "--global_batch_size=64", "--train_steps=1000000", "--checkpoint_every_steps=100", "--log_every_steps=50"]),
+          env=procs.trainer_env(outage.env), cwd=procs.REPO, stdout=log, stderr=subprocess.STDOUT,
+          start_new_session=True)
+    deadline = time.monotonic() + 180
+    while "Saved checkpoint gs://outage-bucket/run/checkpoints/ckpt-100" not in log_path.read_text():
+      assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+      time.sleep(0.2)
+    outage.stop()
+    stopped = time.monotonic()
+    code = proc.wait(timeout=150)
+    took = time.monotonic() - stopped
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, 9)
+      proc.wait()
+    outage.stop()
+  text = log_path.read_text()
+  errors = [line for line in text.splitlines() if line.startswith("error:")]
+  assert code == 1 and len(errors) == 1, text[-3000:]
+  assert errors[0].startswith("error: gs://outage-bucket is unreachable: a Cloud Storage request failed 6 retries")
+  assert "Traceback" not in text
+  assert took < 120

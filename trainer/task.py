@@ -48,7 +48,7 @@ def run_command(argv: list[str], environ: MutableMapping[str, str], *,
   if len(argv) > 1:
     return _fail(f"unexpected positional argument(s): {' '.join(argv[1:])}; every option is a --flag "
                  "(see --help)")
-  storage.configure_gcs_reads(environ)  # before anything imports TensorFlow
+  storage.configure_gcs(environ)  # before anything imports TensorFlow
   from trainer import runner  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
 
   from trainer import preemption  # pylint: disable=g-import-not-at-top
@@ -65,6 +65,11 @@ def run_command(argv: list[str], environ: MutableMapping[str, str], *,
     # Not 0: Vertex would take a chief's 0 as the job's success. The restarted replica resumes at e.step.
     logging.warning("Preempted (%s); exiting %d so that Vertex restarts this replica", e, preemption.EXIT_PREEMPTED)
     return preemption.EXIT_PREEMPTED
+  except Exception as e:  # pylint: disable=broad-except  (a storage outage is one line; anything else re-raised)
+    outage = storage.storage_failure(e, fallback_uri=environ.get("AIP_MODEL_DIR") or flag_values["output_dir"].value)
+    if outage is None:
+      raise
+    return _fail(str(outage), code=EXIT_EXTERNAL_FAILURE)
   return 0
 
 
