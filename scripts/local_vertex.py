@@ -12,7 +12,9 @@ CLOUD_ML_JOB_ID; the pool's args and env. A pool's N accelerators become N logic
 
 Job semantics: the job succeeds when the chief succeeds (parameter servers and evaluators are then stopped); a
 failing replica fails the job at once, with its last lines shown, unless --restart_failed lets it restart like
-a Vertex replica. Ctrl-C or --timeout_secs stops every child. Logs stream live, prefixed `workerpool1-0 |`,
+a Vertex replica. --preempt=REPLICA@SECONDS sends a Spot preemption (SIGTERM, SIGKILL after
+--preempt_grace_secs, a restart; the whole job with scheduling.restartJobOnWorkerRestart), and the summary shows
+the step each preempted replica saved and the step it resumed at. Ctrl-C or --timeout_secs stops every child. Logs stream live, prefixed `workerpool1-0 |`,
 and are kept per replica under the job dir.
 
 Cloud Storage: the emulator is started for the job unless STORAGE_EMULATOR_HOST is already set (then the
@@ -34,7 +36,8 @@ from typing import Iterator
 from scripts import submit
 from scripts import vertex_config
 from scripts.localrun.install import install_package
-from scripts.localrun.planning import LocalRunError, check_trainer_args, plan_replicas, reserve_ports
+from scripts.localrun.planning import LocalRunError, check_trainer_args, parse_preemptions, plan_replicas, \
+    reserve_ports
 from scripts.localrun.report import summary, tail
 from scripts.localrun.supervise import supervise
 from trainer import paths
@@ -59,6 +62,8 @@ def check_flags(args) -> None:
     raise LocalRunError(f"--restart_failed={args.restart_failed}: expected a count >= 0 (0: never restart)")
   if not args.timeout_secs > 0:
     raise LocalRunError(f"--timeout_secs={args.timeout_secs}: expected a positive number of seconds")
+  if not args.preempt_grace_secs >= 0:
+    raise LocalRunError(f"--preempt_grace_secs={args.preempt_grace_secs}: expected seconds >= 0 (Spot gives 30)")
   if args.base_port is not None and not 1024 <= args.base_port <= 65535:
     raise LocalRunError(f"--base_port={args.base_port}: expected a port in 1024..65535, or omit it to let the "
                         "OS choose free ports")
@@ -93,6 +98,8 @@ def run(args) -> int:
   ports = reserve_ports(count, args.base_port)
   probe = plan_replicas(body, job_id=job_id, job_dir=job_dir, ports=ports, extra_env={})
   check_trainer_args(probe)  # before anything is built, uploaded or started
+  preemptions = parse_preemptions(args.preempt, [r.name for r in probe], timeout_secs=args.timeout_secs)
+  restart_job = bool(body.get("scheduling", {}).get("restartJobOnWorkerRestart"))
   with _storage((args.bucket,), job_dir) as storage_env:
     env = {**os.environ, **storage_env, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
     endpoint = env["STORAGE_EMULATOR_HOST"]
@@ -113,14 +120,15 @@ def run(args) -> int:
     replicas = plan_replicas(body, job_id=job_id, job_dir=job_dir, ports=ports, extra_env={})
     print(f"job {job_id}: {len(replicas)} replica(s), package {uri}, logs in {job_dir}", flush=True)
     ok, reason, failed = supervise(replicas, module=module, site=site, base_env=env, timeout_secs=args.timeout_secs,
-                           restart_failed=args.restart_failed, quiet=args.quiet)
+                                   restart_failed=args.restart_failed, quiet=args.quiet, preemptions=preemptions,
+                                   grace_secs=args.preempt_grace_secs, restart_job=restart_job)
     base = body.get("baseOutputDirectory", {}).get("outputUriPrefix", "").rstrip("/")
     artifacts = []
     if base.startswith("gs://"):
       bucket, prefix = paths.split_gcs_uri(base)
       artifacts = [f"gs://{bucket}/{b.name}" for b in client.list_blobs(bucket, prefix=prefix + "/model/")
                    if b.name.endswith((".pb", ".json"))]
-    print("\n" + summary(replicas, artifacts), flush=True)
+    print("\n" + summary(replicas, artifacts, preemptions), flush=True)
     if not ok:
       if failed:
         print(f"\n--- last lines of {failed.name} ({failed.log_path}) ---\n{tail(failed.log_path)}", file=sys.stderr)
@@ -145,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--replica_count", action="append", default=[], help="POOL=N: run N replicas of pool POOL")
   parser.add_argument("--restart_failed", type=int, default=0, help="restart a failed replica up to N times")
   parser.add_argument("--timeout_secs", type=float, default=1800)
+  parser.add_argument("--preempt", action="append", default=[], metavar="REPLICA@SECONDS[,...]",
+                      help="preempt a replica (e.g. workerpool1-0@40) as Spot does: SIGTERM, SIGKILL after "
+                      "--preempt_grace_secs, then a restart (repeatable)")
+  parser.add_argument("--preempt_grace_secs", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL")
   parser.add_argument("--base_port", type=int, default=None, help="first of the consecutive ports replicas use")
   parser.add_argument("--job_dir", default=None, help="logs, the installed package, the emulator's files")
   parser.add_argument("--quiet", action="store_true", help="keep replica logs in files only")

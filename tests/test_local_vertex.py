@@ -155,6 +155,14 @@ def test_bad_inputs_start_nothing(staged, tmp_path, capsys):
        r"^error: --bucket='Bad Bucket!' is not a Cloud Storage bucket name"),
       (["--config=cloud_configs/single_cpu.yaml", "--restart_failed=-1"],
        r"^error: --restart_failed=-1: expected a count >= 0"),
+      (["--config=cloud_configs/single_cpu.yaml", "--preempt=workerpool1-0@10"],
+       r"^error: --preempt='workerpool1-0@10': expected REPLICA@SECONDS with REPLICA one of workerpool0-0 and "),
+      (["--config=cloud_configs/single_cpu.yaml", "--preempt=workerpool0-0@90", "--timeout_secs=60"],
+       r"^error: --preempt='workerpool0-0@90': .* 0 <= SECONDS < --timeout_secs=60$"),
+      (["--config=cloud_configs/single_cpu.yaml", "--preempt=workerpool0-0"],
+       r"^error: --preempt='workerpool0-0': expected REPLICA@SECONDS"),
+      (["--config=cloud_configs/single_cpu.yaml", "--preempt_grace_secs=-1"],
+       r"^error: --preempt_grace_secs=-1.0: expected seconds >= 0"),
   ]
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -210,4 +218,31 @@ def test_timeout_stops_every_child(staged, tmp_path, capsys):
                        "--args=--train_steps=1000000", "--timeout_secs=20")
   assert code == 2
   assert re.search(r"error: job \S+ failed: timed out after 20 s", capsys.readouterr().err)
+  assert not _children_of(job_dir)
+
+
+def test_preemptions_in_a_row_lose_no_step(staged, gcs, tmp_path):
+  """Spot preemptions of a multi-worker job, the worker's VM and then the chief's: each replica saves on
+  SIGTERM, its peer stops with it (one MultiWorkerMirrored job), both restart, and the job ends at exactly the
+  configured step with one complete export; the summary shows each saved step equal to the step resumed at."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  job_dir = str(tmp_path / "job")
+  base = "gs://test-bucket/runs/preempted"
+  result = subprocess.run(
+      [sys.executable, "-m", "scripts.local_vertex", "--config=cloud_configs/multi_worker_gpu.yaml",
+       "--replica_count=1=1", "--run_id=preempted", "--restart_failed=2", "--preempt=workerpool1-0@45",
+       "--preempt=workerpool0-0@100", "--preempt_grace_secs=30", "--args=--train_steps=10000",
+       "--args=--num_cpu_devices=1",
+       "--args=--steps_per_loop=10", "--args=--checkpoint_every_steps=100000", "--args=--global_batch_size=32",
+       "--args=--eval_steps=4", "--bucket=test-bucket", f"--job_dir={job_dir}", "--quiet", "--timeout_secs=400"],
+      cwd=procs.REPO, env=procs.trainer_env(gcs.env), capture_output=True, text=True, timeout=450, check=False)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+  lines = re.findall(r"^  (workerpool\d-0) @ (\d+) s: exit 143 after [\d.]+ s, saved step (\d+); resumed at step (\d+)$",
+                     result.stdout, re.M)
+  assert [(name, at) for name, at, _, _ in lines] == [("workerpool1-0", "45"), ("workerpool0-0", "100")], \
+      result.stdout[-3000:]
+  assert all(saved == resumed for _, _, saved, resumed in lines)  # 0 steps lost per preemption
+  with tf.io.gfile.GFile(f"{base}/model/eval_metrics.json") as f:
+    metrics = json.load(f)
+  assert metrics["final_step"] == 10000 and metrics["resumed_from_step"] == int(lines[-1][3])
   assert not _children_of(job_dir)

@@ -89,7 +89,7 @@ def test_sigterm_to_the_parameter_server_coordinator(churn_data, tmp_path):
   assert metrics["strategy"] == "ParameterServerStrategy"
 
 
-@pytest.mark.parametrize("loop", ["custom", "fit"])
+@pytest.mark.parametrize("loop", ["fit"])  # the custom loop: tests/test_local_vertex.py, preemptions in a row
 def test_sigterm_to_one_multi_worker_replica_saves_on_all(churn_data, tmp_path, loop):
   """A Spot VM is reclaimed: only the worker gets SIGTERM. The workers agree on the step, all save it and exit
   143 (the job cannot go on without the preempted one), and the restarted job resumes there, in sync. `fit`

@@ -25,6 +25,7 @@ from trainer import __version__ as trainer_version
 from trainer import checkpoints
 from trainer import cluster as cluster_lib
 from trainer import config as config_lib
+from trainer import ownership
 from trainer import paths
 from trainer import peers
 from trainer import hypertune
@@ -75,8 +76,19 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
   if plan is None:
     return {}
 
-  with _peer_watchdog(plan, config) as watchdog:
-    return _build_and_train(config, env, plan, inputs, build, interactive, watchdog)
+  # Dirs this run creates are removed again if it fails on bad input found only now (a record deep in the
+  # data, a plug-in model, a checkpoint of another model): what is left must not look like a result.
+  created = [d for d in (config.output.tensorboard_dir, config.output.checkpoint_dir)
+             if role.is_chief and not tf.io.gfile.exists(d)]
+  with _peer_watchdog(plan, config) as watchdog, _claim_run_dir(plan, env, config):
+    return _build_and_train(config, env, plan, inputs, build, interactive, watchdog, created)
+
+
+def _claim_run_dir(plan: plan_lib.Plan, env: config_lib.Environment, config: config_lib.Config):
+  """The chief holds the checkpoint dir for this job while it runs (`ownership`); other roles write none."""
+  if not plan.role.is_chief:
+    return contextlib.nullcontext()
+  return ownership.Claim(config.output.checkpoint_dir, job_id=env.job_id)
 
 
 def _peer_watchdog(plan: plan_lib.Plan, config: config_lib.Config):
@@ -89,7 +101,7 @@ def _peer_watchdog(plan: plan_lib.Plan, config: config_lib.Config):
 
 def _build_and_train(config: config_lib.Config, env: config_lib.Environment, plan: plan_lib.Plan,
                      inputs: preflight.Inputs, build, interactive: bool,
-                     watchdog: peers.PeerWatchdog | None) -> dict[str, Any]:
+                     watchdog: peers.PeerWatchdog | None, created: list[str]) -> dict[str, Any]:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   role, schema = plan.role, inputs.schema
@@ -115,10 +127,6 @@ def _build_and_train(config: config_lib.Config, env: config_lib.Environment, pla
 
     return evaluation.run_sidecar(job)
 
-  # Dirs this run creates are removed again if it fails on bad input found only now (a record deep in the
-  # data, a plug-in model, a checkpoint of another model): what is left must not look like a result.
-  created = [d for d in (config.output.tensorboard_dir, config.output.checkpoint_dir)
-             if role.is_chief and not tf.io.gfile.exists(d)]
   # The resolved run, written beside the checkpoints from the start (a preempted or failed run says what it
   # was) and beside the export at the end.
   run_record = {"config": json.loads(config.to_json()), "schema": schema.to_dict(), "plan": plan.to_dict(config)}

@@ -69,10 +69,9 @@ def storage_failure(error: BaseException, *, fallback_uri: str | None = None) ->
   found = (re.search(r"gs://([a-z0-9][-a-z0-9_.]*)", text) or re.search(r"/b/([a-z0-9][-a-z0-9_.]*)/o\b", text) or
            re.search(r"gs://([a-z0-9][-a-z0-9_.]*)", fallback_uri or ""))
   bucket = f"gs://{found.group(1)}" if found else "Cloud Storage"
-  retries = os.environ.get("GCS_RETRY_CONFIG_MAX_RETRIES", "10")
-  return ExternalFailure(f"{bucket} is unreachable: a Cloud Storage request failed {retries} retries "
-                         f"({first_line(error, limit=160)}); the run stops here and a restart resumes from its last "
-                         "complete checkpoint")
+  detail = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", first_line(error, limit=400))[:200]
+  return ExternalFailure(f"{bucket} is unreachable ({detail}); the run stops here, and a restart resumes from its "
+                         "last complete checkpoint")
 
 
 def is_remote(path: str) -> bool:

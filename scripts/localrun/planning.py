@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import subprocess
+from typing import Any
 
 from trainer import cluster as cluster_lib
 
@@ -31,6 +32,7 @@ class Replica:
   ended: float | None = None
   exit_code: int | None = None
   restarts: int = 0
+  streamer: Any = None  # the thread copying its output to the log
 
   @property
   def name(self) -> str:
@@ -110,3 +112,40 @@ def reserve_ports(count: int, base_port: int | None) -> list[int]:
         raise LocalRunError(f"--base_port={base_port}: port {port} on 127.0.0.1 cannot be bound ({e.strerror}); "
                             f"the job needs {count} free ports from there, or omit --base_port") from None
   return ports
+
+
+@dataclasses.dataclass
+class Preemption:
+  """`--preempt=REPLICA@SECONDS`: SIGTERM to that replica SECONDS after the job started, SIGKILL after the grace
+  if it still runs, then a restart as Vertex restarts a preempted VM (same name, host and port). What happened
+  is filled in as it happens, for the summary."""
+
+  replica: str
+  at_secs: float
+  sent: float | None = None  # monotonic time of the SIGTERM
+  exit_code: int | None = None
+  exit_secs: float | None = None  # from the SIGTERM to the exit
+  killed: bool = False
+  log_offset: int = 0  # where the replica's log stood at the SIGTERM
+  restart_offset: int | None = None  # where it stood at the restart
+
+  @property
+  def done(self) -> bool:
+    return self.exit_code is not None
+
+
+def parse_preemptions(values: list[str], replica_names: list[str], *, timeout_secs: float) -> list[Preemption]:
+  """`--preempt` values (each "REPLICA@SECONDS[,REPLICA@SECONDS...]"), checked against the job's replicas."""
+  preemptions = []
+  for value in values:
+    for item in filter(None, value.split(",")):
+      name, sep, seconds = item.partition("@")
+      try:
+        at = float(seconds)
+      except ValueError:
+        at = -1.0
+      if not sep or name not in replica_names or not 0 <= at < timeout_secs:
+        raise LocalRunError(f"--preempt={item!r}: expected REPLICA@SECONDS with REPLICA one of "
+                            f"{', '.join(replica_names)} and 0 <= SECONDS < --timeout_secs={timeout_secs:g}")
+      preemptions.append(Preemption(replica=name, at_secs=at))
+  return sorted(preemptions, key=lambda p: p.at_secs)

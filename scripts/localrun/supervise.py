@@ -1,5 +1,12 @@
 """Running the replicas as processes with Vertex's job semantics: logs streamed and kept per replica, a failed
-replica restarted up to --restart_failed times, the job done when the chief is, everything stopped at the end."""
+replica restarted up to --restart_failed times, preemptions (--preempt) sent as Vertex sends them, the job done
+when the chief is, everything stopped at the end.
+
+A preempted replica gets SIGTERM, SIGKILL after the grace if it still runs, and is restarted whatever its exit
+code, without counting against --restart_failed (Vertex restarts a preempted VM). Its peers may exit on their
+own (a MultiWorkerMirrored job stops together); they restart under --restart_failed, as on Vertex. With
+`scheduling.restartJobOnWorkerRestart`, any restart restarts every replica.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,7 @@ import sys
 import threading
 import time
 
+from scripts.localrun.planning import Preemption
 from scripts.localrun.planning import Replica
 
 
@@ -39,7 +47,8 @@ def _start(replica: Replica, *, module: str, site: str, base_env: dict, quiet: b
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
   replica.started = time.monotonic()
   replica.ended = replica.exit_code = None
-  _Streamer(replica, quiet, lock).start()
+  replica.streamer = _Streamer(replica, quiet, lock)
+  replica.streamer.start()
 
 
 def _stop(replicas: list[Replica]) -> None:
@@ -64,13 +73,56 @@ def _stop(replicas: list[Replica]) -> None:
       replica.ended = time.monotonic()
 
 
+def _log_size(replica: Replica) -> int:
+  try:
+    return os.path.getsize(replica.log_path)
+  except OSError:
+    return 0
+
+
 def supervise(replicas: list[Replica], *, module: str, site: str, base_env: dict, timeout_secs: float,
-              restart_failed: int, quiet: bool = False) -> tuple[bool, str, Replica | None]:
+              restart_failed: int, quiet: bool = False, preemptions: list[Preemption] = (),
+              grace_secs: float = 30.0, restart_job: bool = False) -> tuple[bool, str, Replica | None]:
   """Runs the replicas to the job's end; returns (succeeded, reason, the replica that failed it).
 
   Every child is gone when it returns."""
   lock = threading.Lock()
-  deadline = time.monotonic() + timeout_secs
+  started = time.monotonic()
+  deadline = started + timeout_secs
+  by_name = {r.name: r for r in replicas}
+
+  def say(message: str) -> None:
+    with lock:
+      print(message, flush=True)
+
+  def restart(replica: Replica) -> None:
+    for r in (replicas if restart_job else [replica]):
+      if r is not replica:
+        _stop([r])
+      _start(r, module=module, site=site, base_env=base_env, quiet=quiet, lock=lock)
+    if restart_job:
+      say(f"restarting every replica (scheduling.restartJobOnWorkerRestart), after {replica.name}")
+
+  def preempt_due() -> None:
+    now = time.monotonic()
+    for p in preemptions:
+      replica = by_name[p.replica]
+      if p.sent is None and now - started >= p.at_secs and replica.exit_code is None:
+        if any(q.sent is not None and not q.done for q in preemptions if q.replica == p.replica):
+          continue  # the previous preemption of this replica is still under way
+        p.sent, p.log_offset = now, _log_size(replica)
+        say(f"{replica.name}: preempted at {now - started:.1f} s (SIGTERM; SIGKILL after {grace_secs:g} s)")
+        with contextlib.suppress(ProcessLookupError):
+          os.kill(replica.process.pid, signal.SIGTERM)  # the trainer process, as Vertex signals the container
+      elif p.sent is not None and not p.done and not p.killed and now - p.sent > grace_secs:
+        p.killed = True
+        say(f"{replica.name}: still running {grace_secs:g} s after SIGTERM: SIGKILL")
+        with contextlib.suppress(ProcessLookupError):
+          os.killpg(replica.process.pid, signal.SIGKILL)
+
+  def preemption_of(replica: Replica) -> Preemption | None:
+    return next((p for p in preemptions if p.replica == replica.name and p.sent is not None and not p.done), None)
+
   chief = next(r for r in replicas if r.task_type == "chief")
   # Servers and side-cars run until the chief is done; workers of a synchronous job finish with it, but
   # under parameter servers the workers serve too.
@@ -81,17 +133,27 @@ def supervise(replicas: list[Replica], *, module: str, site: str, base_env: dict
     for replica in replicas:
       _start(replica, module=module, site=site, base_env=base_env, quiet=quiet, lock=lock)
     while True:
+      preempt_due()
       for replica in replicas:
         code = replica.process.poll() if replica.exit_code is None else None
         if code is None:
           continue
         replica.exit_code, replica.ended = code, time.monotonic()
+        preemption = preemption_of(replica)
+        if preemption is not None:
+          preemption.exit_code, preemption.exit_secs = code, replica.ended - preemption.sent
+          replica.process.wait()
+          replica.streamer.join(timeout=10)  # its last lines (the save) belong before the restart's
+          preemption.restart_offset = _log_size(replica)
+          say(f"{replica.name}: exited {code} {preemption.exit_secs:.1f} s after SIGTERM; restarting it "
+              "(a preemption restart)")
+          restart(replica)
+          continue
         if code != 0:
           if replica.restarts < restart_failed:
             replica.restarts += 1
-            print(f"{replica.name} exited with {code}; restarting it ({replica.restarts}/{restart_failed})",
-                  flush=True)
-            _start(replica, module=module, site=site, base_env=base_env, quiet=quiet, lock=lock)
+            say(f"{replica.name} exited with {code}; restarting it ({replica.restarts}/{restart_failed})")
+            restart(replica)
             continue
           return False, f"{replica.name} ({replica.task_type}) failed with exit code {code}", replica
       if chief.exit_code == 0:
