@@ -48,7 +48,9 @@ def test_multi_worker_mirrored_chief_and_worker(churn_data, tmp_path):
   serving.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")
   assert sorted(os.listdir(out / "checkpoints")) == ["checkpoint", "ckpt-100.data-00000-of-00001",
                                                      "ckpt-100.index", "ckpt-50.data-00000-of-00001",
-                                                     "ckpt-50.index", "trainer_config.json"]
+                                                     "ckpt-50.index", "run_owner.json", "trainer_config.json"]
+  with open(out / "checkpoints" / "run_owner.json") as f:
+    assert json.load(f)["ended"]  # the chief released the run dir
 
 
 def test_parameter_server_strategy(churn_data, tmp_path):
