@@ -72,8 +72,9 @@ def test_a_second_job_on_a_live_run_dir_is_refused_and_the_same_job_continues(ch
     if first.poll() is None:
       os.killpg(first.pid, signal.SIGKILL)
       first.wait()
-  step = int(json.loads((out / "checkpoints" / ownership.OWNER_FILE).read_text())["ended"]) and max(
-      int(name.split("-")[1].split(".")[0]) for name in os.listdir(out / "checkpoints") if name.endswith(".index"))
+  assert json.loads((out / "checkpoints" / ownership.OWNER_FILE).read_text())["ended"]  # released on exit
+  step = max(int(name.split("-")[1].split(".")[0]) for name in os.listdir(out / "checkpoints")
+             if name.endswith(".index"))
   again = procs.run_trainer(_args(churn_data, out, step + 20), env={"CLOUD_ML_JOB_ID": "1001"})
   assert again.returncode == 0, again.stderr[-3000:]
   assert f"Resuming at step {step} of {step + 20}" in again.stderr

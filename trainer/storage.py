@@ -33,7 +33,8 @@ GCS_READ_BLOCK_MB = 8
 # measured to take about 10 minutes to end in a 53-line traceback. 6 retries of at most 16 s each bound one
 # operation to about 40 s (1+2+4+8+16+16 s, plus jitter) and still ride out a transient error: the emulator's
 # fault tests pass at 20 % injected failures. The first operation that fails ends the run with one line
-# (`storage_failure`), so an outage ends a run within about a minute.
+# (`storage_failure`): measured with TensorFlow's own 1 s first delay, 112 s after the storage went away (two
+# requests in flight each ran out their retries), so an outage ends a run within about two minutes.
 GCS_RETRY_DEFAULTS = {
     "GCS_RETRY_CONFIG_MAX_RETRIES": "6",
     "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": str(16_000_000),

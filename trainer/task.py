@@ -23,6 +23,7 @@ from absl import logging
 
 from trainer import config as config_lib
 from trainer import flags as trainer_flags
+from trainer import preemption
 from trainer import storage
 from trainer.errors import EXIT_EXTERNAL_FAILURE
 from trainer.errors import ExternalFailure
@@ -51,8 +52,6 @@ def run_command(argv: list[str], environ: MutableMapping[str, str], *,
   storage.configure_gcs(environ)  # before anything imports TensorFlow
   from trainer import runner  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
 
-  from trainer import preemption  # pylint: disable=g-import-not-at-top
-
   try:
     env = config_lib.Environment.from_mapping(environ)
     config = trainer_flags.config_from_flags(flag_values, env)
@@ -74,8 +73,6 @@ def run_command(argv: list[str], environ: MutableMapping[str, str], *,
 
 
 def main(argv: list[str]) -> int:
-  from trainer import preemption  # pylint: disable=g-import-not-at-top
-
   code = run_command(argv, os.environ)
   if code in (EXIT_EXTERNAL_FAILURE, preemption.EXIT_PREEMPTED):
     # Storage or a peer is gone: TensorFlow's clean-up at exit would retry it (summary writers flush again, each
