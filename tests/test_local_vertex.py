@@ -237,8 +237,11 @@ def test_preemptions_in_a_row_lose_no_step(staged, gcs, tmp_path):
        "--args=--eval_steps=4", "--bucket=test-bucket", f"--job_dir={job_dir}", "--quiet", "--timeout_secs=400"],
       cwd=procs.REPO, env=procs.trainer_env(gcs.env), capture_output=True, text=True, timeout=450, check=False)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-  lines = re.findall(r"^  (workerpool\d-0) @ (\d+) s: exit 143 after [\d.]+ s, saved step (\d+); resumed at step (\d+)$",
-                     result.stdout, re.M)
+  # Each preempted replica exits by itself within the grace (never SIGKILLed): 143, or 1 when the trainer's exit
+  # deadline ended it after the save (a MultiWorkerMirrored chief whose peer already stopped hangs in
+  # TensorFlow's clean-up; see trainer/preemption.py).
+  lines = re.findall(r"^  (workerpool\d-0) @ (\d+) s: exit (?:143|1) after [\d.]+ s, saved step (\d+); resumed at step "
+                     r"(\d+)$", result.stdout, re.M)
   assert [(name, at) for name, at, _, _ in lines] == [("workerpool1-0", "45"), ("workerpool0-0", "100")], \
       result.stdout[-3000:]
   assert all(saved == resumed for _, _, saved, resumed in lines)  # 0 steps lost per preemption

@@ -343,7 +343,9 @@ def _preemption_action(watcher: preemption.SigtermWatcher,
   """Saves at the step reached and stops with `Preempted` once SIGTERM arrived, here or (agreed) on a peer."""
 
   def save_and_stop(state: loop_lib.LoopState) -> None:
-    raise preemption.Preempted(state.step, keeper.save(state.step), on_peer=not watcher.requested)
+    saved = keeper.save(state.step)
+    preemption.exit_within()  # the save is done; the exit must not wait on peers that already stopped
+    raise preemption.Preempted(state.step, saved, on_peer=not watcher.requested)
 
   return loop_lib.PeriodicAction("preemption", save_and_stop, when=lambda: watcher.requested, at_end=False)
 
