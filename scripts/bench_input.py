@@ -56,12 +56,12 @@ _UNTIMED_BATCHES = 10  # after each resume: drains what was in flight when the p
 def build(kind: str, pattern: str, schema_path: str, batch: int):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from trainer import input_pipeline, schema as schema_lib  # pylint: disable=g-import-not-at-top
+  from trainer import formats, input_pipeline, schema as schema_lib  # pylint: disable=g-import-not-at-top
 
   schema = schema_lib.load_schema(schema_path)
   files = sorted(tf.io.gfile.glob(pattern))
   if kind in ("a", "a0", "b"):
-    return input_pipeline.make_dataset_fn(files, schema, data_format="tfrecord", global_batch_size=batch, training=True,
+    return input_pipeline.make_dataset_fn(files, schema, source=formats.TFRECORD, global_batch_size=batch, training=True,
                                 seed=1)(None)
   kinds = {kind: tf.as_dtype(name) for kind, name in schema_lib.PARSE_DTYPES.items()}
   spec = {f.name: tf.io.FixedLenFeature([], kinds[f.type]) for f in schema.features}

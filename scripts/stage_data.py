@@ -3,6 +3,10 @@
     python -m scripts.stage_data --demo --destination=gs://BUCKET/data          # the demo dataset
     python -m scripts.stage_data --source='local/train*.csv' --schema=schema.json \\
         --destination=gs://BUCKET/data/train --num_shards=16                      # your own CSV or TFRecord files
+    python -m scripts.stage_data --source='local/train*.csv' --label=churned --destination=...  # schema inferred
+
+The trainer reads CSV, JSONL and gzip files as they are; staging is for re-sharding into TFRecord (the fastest
+input) and for files on a laptop that the job should read from a bucket.
 
 CSV rows (plain or gzip, with a header) are converted to `tf.train.Example`s with the schema's types; TFRecord
 files (plain or gzip) are re-sharded as they are. Shards are written to a local scratch dir, then uploaded in
@@ -177,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--source", help="local file pattern: CSV with a header (.csv, .csv.gz) or TFRecord "
                       "(plain or gzip)")
   parser.add_argument("--schema", help="schema JSON for --source")
+  parser.add_argument("--label", help="without --schema: infer the schema from --source, with this label column "
+                      "(as the trainer does; python -m trainer.schema_inference writes one to review)")
+  parser.add_argument("--task", choices=("auto", "classification", "regression"), default="auto")
   parser.add_argument("--num_shards", type=int, default=8)
   args = parser.parse_args(argv)
   try:
@@ -192,8 +199,8 @@ def stage(args, parser) -> dict:
   if args.num_shards < 1:
     raise StageError(f"--num_shards must be >= 1, got {args.num_shards}")
   split_gcs_uri(args.destination)
-  if not args.demo and (not args.source or not args.schema):
-    parser.error("give --demo, or --source and --schema")
+  if not args.demo and (not args.source or not (args.schema or args.label)):
+    parser.error("give --demo, or --source and --schema (or --label to infer the schema)")
   with tempfile.TemporaryDirectory(prefix="stage-") as scratch:
     if args.demo:
       summary = demo_data.make(scratch, num_shards=args.num_shards, formats=("tfrecord",))
@@ -201,7 +208,7 @@ def stage(args, parser) -> dict:
       sources = sorted(p for p in glob.glob(args.source) if os.path.isfile(p))
       if not sources:
         raise StageError(f"--source: no files match {args.source!r}")
-      schema = _load_schema(args.schema)
+      schema = _load_schema(args.schema) if args.schema else _infer_schema(sources, args.label, args.task)
       count = convert_files(sources, schema, scratch, num_shards=args.num_shards)
       with open(os.path.join(scratch, "schema.json"), "w") as f:
         json.dump(schema.to_dict(), f, indent=2)
@@ -210,6 +217,20 @@ def stage(args, parser) -> dict:
   summary.update({"destination": args.destination, "objects": len(uris)})
   summary.pop("output_dir", None)
   return summary
+
+
+def _infer_schema(sources: list[str], label: str, task: str) -> schema_lib.Schema:
+  from trainer import formats  # pylint: disable=g-import-not-at-top
+  from trainer import schema_inference  # pylint: disable=g-import-not-at-top
+
+  source = formats.resolve(sources, requested="auto", vertex_format=None, flag="--source")
+  if source.format == "csv":
+    source = formats.csv_source(source, sources[0], columns=None, flag="--source")
+  if source.format == "csv" and not source.header:
+    raise StageError(f"--source: {sources[0]} has no header row; stage_data converts CSV with a header (the "
+                     "trainer reads headerless CSV itself, with --csv_columns)")
+  return schema_inference.infer_schema(sources, source, schema_inference.InferenceConfig(label=label, task=task),
+                                       flag="--source", log=lambda line: print(line, file=sys.stderr))
 
 
 def _load_schema(path: str) -> schema_lib.Schema:

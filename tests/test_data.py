@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from trainer import features as features_lib
+from trainer import formats
 from trainer import input_pipeline
 from trainer import preflight
 from trainer import schema as schema_lib
@@ -37,7 +38,7 @@ def test_files_are_sharded_per_input_pipeline(churn):
   parts = []
   for pipeline in range(2):
     context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pipeline, num_replicas_in_sync=2)
-    fn = input_pipeline.make_dataset_fn(files, schema, data_format="tfrecord", global_batch_size=64, training=False,
+    fn = input_pipeline.make_dataset_fn(files, schema, source=formats.TFRECORD, global_batch_size=64, training=False,
                               repeat=False)
     ds = fn(context)
     first = next(iter(ds))
@@ -45,7 +46,7 @@ def test_files_are_sharded_per_input_pipeline(churn):
     parts.append(_ids(ds, 1000))
   assert parts[0] and parts[1]
   assert not parts[0] & parts[1], len(parts[0] & parts[1])  # disjoint
-  everything = _ids(input_pipeline.make_dataset_fn(files, schema, data_format="tfrecord", global_batch_size=1,
+  everything = _ids(input_pipeline.make_dataset_fn(files, schema, source=formats.TFRECORD, global_batch_size=1,
                                          training=False, repeat=False)(None), 10_000)
   assert len(everything) >= 3990  # 4000 examples (a few duplicate pairs possible)
   assert len(parts[0] | parts[1]) >= len(everything) - 64  # drop_remainder loses < 1 batch per pipeline
@@ -57,7 +58,7 @@ def test_records_are_sharded_when_files_are_fewer_than_pipelines(churn):
   parts = []
   for pipeline in range(2):
     context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pipeline, num_replicas_in_sync=2)
-    ds = input_pipeline.make_dataset_fn(one_file, schema, data_format="tfrecord", global_batch_size=20, training=False,
+    ds = input_pipeline.make_dataset_fn(one_file, schema, source=formats.TFRECORD, global_batch_size=20, training=False,
                               repeat=False)(context)
     parts.append(_ids(ds, 1000))
   assert parts[0] and parts[1] and not parts[0] & parts[1]
@@ -66,10 +67,11 @@ def test_records_are_sharded_when_files_are_fewer_than_pipelines(churn):
 def test_csv_and_tfrecord_give_the_same_examples(churn_data, churn):
   schema, files = churn
   csv_files = sorted(glob.glob(os.path.join(churn_data, "train", "*.csv")))
-  header = preflight.read_csv_header(csv_files[0], flag="--train_data")
-  from_csv = input_pipeline.make_dataset_fn(csv_files, schema, data_format="csv", global_batch_size=50, training=False,
-                                  repeat=False, csv_header=header)(None)
-  from_tfrecord = input_pipeline.make_dataset_fn(files, schema, data_format="tfrecord", global_batch_size=50,
+  source = formats.csv_source(formats.Source("csv"), csv_files[0], columns=None, flag="--train_data")
+  assert source.header and source.columns[0] == "tenure_months"
+  from_csv = input_pipeline.make_dataset_fn(csv_files, schema, source=source, global_batch_size=50, training=False,
+                                  repeat=False)(None)
+  from_tfrecord = input_pipeline.make_dataset_fn(files, schema, source=formats.TFRECORD, global_batch_size=50,
                                        training=False, repeat=False)(None)
   a_features, a_labels = next(iter(from_csv))
   b_features, b_labels = next(iter(from_tfrecord))
@@ -82,7 +84,7 @@ def test_csv_and_tfrecord_give_the_same_examples(churn_data, churn):
 
 def test_training_pipeline_shuffles_and_repeats(churn):
   schema, files = churn
-  ds = input_pipeline.make_dataset_fn(files, schema, data_format="tfrecord", global_batch_size=1000, training=True,
+  ds = input_pipeline.make_dataset_fn(files, schema, source=formats.TFRECORD, global_batch_size=1000, training=True,
                             seed=1)(None)
   batches = [labels.numpy() for _, labels in ds.take(6)]  # 6000 > 4000 examples: it repeats
   assert len(batches) == 6
@@ -105,7 +107,7 @@ def numbered(tmp_path_factory):
 
 def _id_batches(numbered, *, seed, batch=100, shuffle_buffer=1000, repeat=False, take=-1, deterministic=True):
   schema, files = numbered
-  ds = input_pipeline.make_dataset_fn(files, schema, data_format="tfrecord", global_batch_size=batch, training=True,
+  ds = input_pipeline.make_dataset_fn(files, schema, source=formats.TFRECORD, global_batch_size=batch, training=True,
                             shuffle_buffer=shuffle_buffer, seed=seed, repeat=repeat, deterministic=deterministic)
   return [features["id"].numpy().astype(int) for features, _ in ds(None).take(take)]
 
@@ -172,37 +174,45 @@ def _write_example(path, **features):
     writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
 
 
+def _check_first(path, schema, fmt, flag="--train_data"):
+  source = formats.resolve([str(path)], requested=fmt, vertex_format=None, flag=flag)
+  if source.format == "csv":
+    source = formats.csv_source(source, str(path), columns=None, flag=flag)
+    preflight.validate_schema_for_format(schema, source, flag=flag)
+  preflight.check_first_record(str(path), source, schema, flag=flag)
+
+
 def test_record_that_does_not_match_schema(churn, tmp_path):
   schema, _ = churn
   good = dict(tenure_months=1.0, monthly_charges=2.0, support_calls=1, plan="pro", region="east", churned=1)
   path = str(tmp_path / "missing.tfrecord")
   _write_example(path, **{k: v for k, v in good.items() if k != "plan"})
-  with pytest.raises(UserError, match=r"^--train_data: the first record of .*missing.tfrecord has no feature 'plan' "
-                                      r"\(it has: .*\); it does not match the schema$"):
-    preflight.check_first_record(path, schema, "tfrecord", flag="--train_data")
+  with pytest.raises(UserError, match=r"^--train_data: .*missing.tfrecord record 1: feature 'plan' is missing "
+                                      r"\(the record has: .*\); it does not match the schema, which gives it no "
+                                      r"default$"):
+    _check_first(path, schema, "auto")
   path = str(tmp_path / "wrongtype.tfrecord")
   _write_example(path, **{**good, "tenure_months": "long"})
-  with pytest.raises(UserError, match=r"^--train_data: feature 'tenure_months' in .*wrongtype.tfrecord is a "
+  with pytest.raises(UserError, match=r"^--train_data: .*wrongtype.tfrecord record 1: feature 'tenure_months' is a "
                                       r"bytes_list, but the schema says float \(float_list\)$"):
-    preflight.check_first_record(path, schema, "tfrecord", flag="--train_data")
+    _check_first(path, schema, "auto")
   path = str(tmp_path / "text.tfrecord")
   with open(path, "w") as f:
     f.write("this is not a tfrecord file at all")
-  with pytest.raises(UserError, match=r"^--train_data: cannot read .*text.tfrecord as TFRecord"):
-    preflight.check_first_record(path, schema, "tfrecord", flag="--train_data")
+  with pytest.raises(UserError, match=r"^--train_data: .*text.tfrecord cannot be read as TFRecord after record 0"):
+    _check_first(path, schema, "auto")
 
 
 def test_csv_that_does_not_match_schema(churn, tmp_path):
   schema, _ = churn
   path = tmp_path / "bad.csv"
   path.write_text("tenure_months,monthly_charges,support_calls,plan,churned\n1,2,3,pro,0\n")
-  with pytest.raises(UserError, match=r"^--eval_data: CSV header of .*bad.csv lacks column\(s\) region named in "
-                                      r"the schema"):
-    preflight.check_first_record(str(path), schema, "csv", flag="--eval_data")
+  with pytest.raises(UserError, match=r"^--eval_data: the CSV columns \(.*\) lack region named in the schema$"):
+    _check_first(path, schema, "auto", flag="--eval_data")
   path.write_text("tenure_months,monthly_charges,support_calls,plan,region,churned\nlong,2,3,pro,east,0\n")
-  with pytest.raises(UserError, match=r"^--eval_data: column 'tenure_months' of .*bad.csv holds 'long', but the "
-                                      r"schema says float$"):
-    preflight.check_first_record(str(path), schema, "csv", flag="--eval_data")
+  with pytest.raises(UserError, match=r"^--eval_data: .*bad.csv line 2: column 'tenure_months' holds 'long', but "
+                                      r"the schema says float$"):
+    _check_first(path, schema, "auto", flag="--eval_data")
 
 
 @pytest.mark.parametrize("value,message", [

@@ -14,6 +14,7 @@ from trainer import cluster
 from trainer import config as config_lib
 from trainer import preflight
 from trainer import flags as trainer_flags
+from trainer import formats
 from trainer import models
 from trainer import schema as schema_lib
 from trainer import strategy as strategy_lib
@@ -37,12 +38,12 @@ def make_job(churn_data, out, *args, strategy="default"):
       config=config, schema=schema, choice=choice, role=role, interactive=False,
       strategy=strategy_lib.build_strategy(choice, role, strategy_lib.Devices(num_cpu_devices=2)),
       train_files=train_files, eval_files=preflight.list_files(config.data.eval_pattern, flag="--eval_data"),
-      csv_headers={}, train_steps=config.train.train_steps or _steps(config, train_files),
+      sources={"train": formats.TFRECORD, "eval": formats.TFRECORD}, train_steps=config.train.train_steps or _steps(config, train_files),
       build_model=lambda: build(schema, config.model, config.hparams))
 
 
 def _steps(config, train_files):
-  return config.train.epochs * preflight.count_records(train_files, "tfrecord") // config.train.global_batch_size
+  return config.train.epochs * preflight.count_records(train_files, formats.TFRECORD) // config.train.global_batch_size
 
 
 def train_steps_logged(out):

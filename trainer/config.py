@@ -13,7 +13,8 @@ from trainer.errors import UserError
 
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker_mirrored", "parameter_server", "tpu")
 LOOPS = ("custom", "fit")
-DATA_FORMATS = ("tfrecord", "csv")
+DATA_FORMATS = ("auto", "tfrecord", "csv", "jsonl")  # formats.FORMATS (this module imports nothing)
+TASKS = ("auto", "classification", "regression")
 OPTIMIZERS = ("adam", "sgd", "adagrad", "rmsprop")
 BUILTIN_MODELS = ("tabular", "cnn")
 
@@ -29,6 +30,7 @@ class Environment:
   aip_tensorboard_log_dir: str | None = None
   aip_training_data_uri: str | None = None
   aip_validation_data_uri: str | None = None
+  aip_data_format: str | None = None
   job_id: str | None = None
   tpu_name: str | None = None
   hp_metric_file: str | None = None
@@ -47,6 +49,7 @@ class Environment:
         aip_tensorboard_log_dir=get("AIP_TENSORBOARD_LOG_DIR"),
         aip_training_data_uri=get("AIP_TRAINING_DATA_URI"),
         aip_validation_data_uri=get("AIP_VALIDATION_DATA_URI"),
+        aip_data_format=get("AIP_DATA_FORMAT"),
         job_id=get("CLOUD_ML_JOB_ID"),
         tpu_name=get("TPU_NAME"),
         hp_metric_file=get("CLOUD_ML_HP_METRIC_FILE"),
@@ -57,10 +60,16 @@ class Environment:
 class DataConfig:
   train_pattern: str
   eval_pattern: str | None
-  schema_path: str
-  format: str = "tfrecord"
+  schema_path: str  # --schema, or schema.json beside the training files (which may not exist: then inferred)
+  format: str = "auto"
   shuffle_buffer: int = 10_000
   deterministic: bool = False
+  schema_given: bool = False  # --schema was passed: it must exist
+  vertex_format: str | None = None  # AIP_DATA_FORMAT, checked
+  label: str | None = None  # --label: the label column (schema inference; checked against a given schema)
+  task: str = "auto"
+  csv_columns: tuple[str, ...] | None = None
+  infer_sample_rows: int = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +158,11 @@ def validate(config: Config) -> None:
   if model_name not in BUILTIN_MODELS and not _is_import_path(model_name):
     raise UserError(f"--model={model_name!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) "
                     "nor an import path 'package.module:function'")
+  if config.data.infer_sample_rows < 1:
+    raise UserError(f"--infer_sample_rows must be a positive integer, got {config.data.infer_sample_rows}")
+  if config.data.csv_columns is not None and (len(set(config.data.csv_columns)) != len(config.data.csv_columns)
+                                              or not all(config.data.csv_columns)):
+    raise UserError(f"--csv_columns must name every CSV column once, got {','.join(config.data.csv_columns)}")
   if config.data.shuffle_buffer < 0:
     raise UserError(f"--shuffle_buffer must be >= 0, got {config.data.shuffle_buffer}")
 

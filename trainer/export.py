@@ -1,8 +1,9 @@
 """SavedModel export with a `serving_default` signature every serving stack loads.
 
 The signature takes the raw features by name (strings for categorical columns, floats for numbers and
-images), applies the same `FeatureEncoder` as training, and returns named outputs: `probabilities` and
-`class_id` for classification, `prediction` for regression.
+images; PNG/JPEG images as their bytes), applies the same `FeatureEncoder` as training, and returns named
+outputs: `probabilities` and `class_id` (and `class_name` for a string label) for classification, `prediction`
+for regression.
 
 Why the saved object is not the model: TF Serving (inside Vertex's prebuilt TF prediction containers) and
 `saved_model_cli run` load a SavedModel the TF1 way, running the MetaGraph's restore op in a session and then the
@@ -39,8 +40,11 @@ def serving_root(model, schema: schema_lib.Schema):
     encoded = encoder.encode(features)
     outputs = model(models.select_inputs(encoded, names), training=False)
     if schema.task == "classification":
-      return {"probabilities": tf.nn.softmax(outputs, axis=-1),
-              "class_id": tf.argmax(outputs, axis=-1, output_type=tf.int64)}
+      class_id = tf.argmax(outputs, axis=-1, output_type=tf.int64)
+      result = {"probabilities": tf.nn.softmax(outputs, axis=-1), "class_id": class_id}
+      if schema.label.vocabulary:
+        result["class_name"] = tf.gather(tf.constant(list(schema.label.vocabulary)), class_id)
+      return result
     return {"prediction": tf.reshape(outputs, [-1])}
 
   root = tf.__internal__.tracking.AutoTrackable()

@@ -24,8 +24,20 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                       "Default: $AIP_TRAINING_DATA_URI.", **fv)
   flags.DEFINE_string("eval_data", None, "Evaluation file pattern. Default: $AIP_VALIDATION_DATA_URI; "
                       "none skips evaluation.", **fv)
-  flags.DEFINE_enum("data_format", "tfrecord", config_lib.DATA_FORMATS, "Format of the data files.", **fv)
-  flags.DEFINE_string("schema", None, "Feature schema JSON. Default: schema.json beside the training files.", **fv)
+  flags.DEFINE_enum("data_format", "auto", config_lib.DATA_FORMATS, "Format of the data files; auto: from "
+                    "$AIP_DATA_FORMAT, else the file extension, else the content. Compression (gzip, zlib) is read "
+                    "from the files.", **fv)
+  flags.DEFINE_string("schema", None, "Feature schema: schema.json, or a TFX/TFDV schema.pbtxt (with --label). "
+                      "Default: schema.json beside the training files, else one inferred from the data "
+                      "(needs --label).", **fv)
+  flags.DEFINE_string("label", None, "The label column: with no schema file, the schema is inferred from a "
+                      "sample of the training data.", **fv)
+  flags.DEFINE_enum("task", "auto", config_lib.TASKS, "Schema inference: classification or regression "
+                    "(auto: text or few whole-number labels -> classification).", **fv)
+  flags.DEFINE_list("csv_columns", None, "Names of every CSV column in order, for CSV files without a header "
+                    "row (or use the schema's 'columns').", **fv)
+  flags.DEFINE_integer("infer_sample_rows", 100_000, "Records read to infer the schema (deterministic: the same "
+                       "on every worker).", **fv)
   flags.DEFINE_integer("shuffle_buffer", 10_000, "Examples shuffled together: consecutive parsed batches holding at "
                        "least this many (and at least 2 batches) are pooled and their rows permuted; file order is "
                        "reshuffled every epoch (0: no shuffle).", **fv)
@@ -86,6 +98,7 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment) -> 
   if not train_pattern:
     raise UserError("--train_data is required (or set AIP_TRAINING_DATA_URI)")
   eval_pattern = values.eval_data or env.aip_validation_data_uri
+  vertex_format = _vertex_data_format(env, values.data_format, train_pattern)
   train_pattern = paths.normalize_path(train_pattern)
   eval_pattern = paths.normalize_path(eval_pattern) if eval_pattern else None
   schema_path = values.schema or _default_schema_path(train_pattern)
@@ -113,6 +126,12 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment) -> 
           format=values.data_format,
           shuffle_buffer=values.shuffle_buffer,
           deterministic=values.deterministic_input,
+          schema_given=bool(values.schema),
+          vertex_format=vertex_format,
+          label=values.label,
+          task=values.task,
+          csv_columns=tuple(c.strip() for c in values.csv_columns) if values.csv_columns else None,
+          infer_sample_rows=values.infer_sample_rows,
       ),
       model=config_lib.ModelConfig(name=values.model, hidden_units=hidden_units, dropout=values.dropout),
       train=config_lib.TrainConfig(
@@ -141,6 +160,24 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment) -> 
   )
   config_lib.validate(config)
   return config
+
+
+def _vertex_data_format(env: config_lib.Environment, requested: str, train_pattern: str) -> str | None:
+  """AIP_DATA_FORMAT of a Vertex managed-dataset job, checked; None where it is unset or a flag overrides it."""
+  from trainer import formats  # pylint: disable=g-import-not-at-top
+
+  value = env.aip_data_format
+  if train_pattern.startswith("bq://") or (value or "").lower() == "bigquery":
+    raise UserError(f"AIP_DATA_FORMAT={value or '(unset)'} with data {train_pattern}: BigQuery tables are not "
+                    "read by this trainer (no BigQuery Storage Read API emulator runs where it is tested, so the "
+                    "reader would be untested); create the job with the dataset exported as CSV or JSONL "
+                    "(export format csv/jsonl), or export the table to gs:// and pass --train_data")
+  if not value or requested != "auto":
+    return None
+  if value.lower() not in formats.VERTEX_FORMATS:
+    raise UserError(f"AIP_DATA_FORMAT={value!r}; expected one of csv, jsonl, tf-record (or bigquery, not "
+                    "supported), or pass --data_format")
+  return value.lower()
 
 
 def _default_schema_path(train_pattern: str) -> str:

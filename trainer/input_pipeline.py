@@ -1,9 +1,14 @@
-"""Input pipelines: TFRecord (`tf.train.Example`) and CSV files, local or `gs://`, per worker.
+"""Input pipelines: TFRecord (`tf.train.Example`), CSV and JSONL files, plain or gzip/zlib, local or `gs://`.
 
 The layout follows the tf.data performance guide: shard whole files per input pipeline (the strategy's
 `InputContext`), interleave parallel reads, batch first and then parse the whole batch in one vectorized op,
 encode (`features.FeatureEncoder`), shuffle the parsed rows across a window of batches, prefetch; every
-parallelism knob is AUTOTUNE.
+parallelism knob is AUTOTUNE. JSONL has no TensorFlow parse op: a batch of lines is parsed one column at a time
+by a vectorized RE2 extraction (`_jsonl_columns`), which keeps it inside the graph (ParameterServerStrategy
+builds datasets on the workers, where a Python parser could not run) and as fast as CSV.
+
+A missing value takes the schema's per-feature `default`; without one the read fails, and pre-flight's
+`explain_data_error` names the file, record and column.
 """
 
 from __future__ import annotations
@@ -11,15 +16,19 @@ from __future__ import annotations
 from typing import Callable
 
 from trainer import features as features_lib
+from trainer import formats
 from trainer import schema as schema_lib
 
 _MAX_PARALLEL_FILES = 16
 _READ_BUFFER_BYTES = 1 << 20  # large reads: few requests per gs:// object
 
 
-def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, data_format: str, global_batch_size: int,
+CHECK_PREFIX = features_lib.CHECK_PREFIX
+
+
+def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, source: formats.Source, global_batch_size: int,
                     training: bool, shuffle_buffer: int = 10_000, seed: int | None = None,
-                    repeat: bool | None = None, csv_header: list[str] | None = None,
+                    repeat: bool | None = None,
                     select: list[str] | None = None, deterministic: bool = False,
                     max_batches: int | None = None) -> Callable:
   """Returns `dataset_fn(input_context)` for `strategy.distribute_datasets_from_function`.
@@ -33,13 +42,12 @@ def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, data_format:
   Args:
     files: the data files (local or gs://), already expanded and checked (`preflight`).
     schema: the features and label to parse.
-    data_format: "tfrecord" or "csv".
+    source: the files' format and compression (and CSV columns), resolved by pre-flight (`formats`).
     global_batch_size: examples per step across all replicas.
     training: shuffle and repeat (training) or one ordered pass (evaluation).
     shuffle_buffer: examples pooled per shuffle window (see `shuffle_window_batches`); 0 keeps file order.
     seed: shuffle seed (None: differs every run).
     repeat: overrides the default of repeating exactly when `training` (tests read one training pass).
-    csv_header: the header of the CSV files (required for CSV).
     select: keep only these encoded features (Keras `fit` wants exactly the model's inputs).
     deterministic: keep the order fixed across runs even while training (reproducible weights).
     max_batches: stop after this many GLOBAL batches (--eval_steps).
@@ -49,14 +57,14 @@ def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, data_format:
     `features.FeatureEncoder` (float32 numbers, int64 vocabulary ids, float32 images), labels as parsed.
   """
 
-  if data_format == "csv" and csv_header is None:
-    raise ValueError("csv_header is required for CSV data")
+  if source.format == "csv" and source.columns is None:
+    raise ValueError("a CSV source needs its columns (formats.csv_source)")
   repeat = training if repeat is None else repeat
 
   def dataset_fn(input_context=None):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-    csv_layout = _csv_layout(schema, csv_header) if data_format == "csv" else None
+    csv_layout = _csv_layout(schema, source.columns) if source.format == "csv" else None
 
     if input_context is not None:
       batch_size = input_context.get_per_replica_batch_size(global_batch_size)
@@ -75,7 +83,7 @@ def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, data_format:
     if repeat:
       file_ds = file_ds.repeat()
     ds = file_ds.interleave(
-        _reader(data_format, csv_layout),
+        _reader(source, csv_layout),
         cycle_length=min(num_files, _MAX_PARALLEL_FILES),
         num_parallel_calls=tf.data.AUTOTUNE,
         # Record sharding needs the same order on every pipeline; otherwise let the fastest file win.
@@ -90,7 +98,7 @@ def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, data_format:
                                if input_context is not None else 1)
       ds = ds.take(max_batches * max(1, replicas_per_pipeline))
     encoder = features_lib.FeatureEncoder(schema)  # built here: ParameterServerStrategy needs tables made inside dataset_fn
-    parse = _batch_parser(schema, data_format, encoder, csv_layout)
+    parse = _batch_parser(schema, source.format, encoder, csv_layout)
     if select is not None:
       parse_all = parse
       parse = lambda *batch: _select(*parse_all(*batch), select)  # pylint: disable=unnecessary-lambda-assignment
@@ -146,48 +154,155 @@ def _shuffle_parsed_batches(ds, *, batches_per_window: int, seed: int | None, de
 
 
 
-def _reader(data_format: str, csv_layout):
+def _reader(source: formats.Source, csv_layout):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  if data_format == "tfrecord":
-    return lambda path: tf.data.TFRecordDataset(path, buffer_size=_READ_BUFFER_BYTES)
+  compression = source.compression
+  if source.format == "tfrecord":
+    return lambda path: tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=_READ_BUFFER_BYTES)
+  if source.format == "jsonl":
+    return lambda path: tf.data.TextLineDataset(path, compression_type=compression,
+                                                buffer_size=_READ_BUFFER_BYTES).filter(_not_blank)
   _, indices, defaults = csv_layout
-  return lambda path: tf.data.experimental.CsvDataset(path, defaults, header=True, select_cols=indices)
+  return lambda path: tf.data.experimental.CsvDataset(path, defaults, header=source.header, select_cols=indices,
+                                                      compression_type=compression, buffer_size=_READ_BUFFER_BYTES)
 
 
-def _csv_layout(schema: schema_lib.Schema, header: list[str]):
-  """(column names, their header indices, record defaults), ordered by index as CsvDataset yields them."""
+def _not_blank(line):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  types = {f.name: f.type for f in schema.features}
-  types[schema.label.name] = schema.label.type
+  return tf.strings.length(tf.strings.strip(line)) > 0
+
+
+def _csv_layout(schema: schema_lib.Schema, columns: tuple[str, ...]):
+  """(column names, their indices in the file, record defaults), ordered by index as CsvDataset yields them.
+
+  Numbers are parsed as float32 whatever their schema type (an int label written "1.0" by pandas still reads);
+  the encoder casts them. A dtype (not a value) as default makes the field required: an empty field fails, and
+  pre-flight names it."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  by_name = {f.name: f for f in schema.features}
+  ordered = sorted((columns.index(name), name) for name in schema.columns)
+  defaults = []
+  for _, name in ordered:
+    feature = by_name.get(name)
+    text = feature.type == "string" if feature else schema.label.type == "string"
+    dtype = tf.string if text else tf.float32
+    default = feature.default if feature else None
+    defaults.append(dtype if default is None else tf.constant([default], dtype))
+  return [name for _, name in ordered], [i for i, _ in ordered], defaults
+
+
+def _tfrecord_spec(schema: schema_lib.Schema):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   dtypes = {kind: tf.as_dtype(name) for kind, name in schema_lib.PARSE_DTYPES.items()}
-  ordered = sorted((header.index(name), name) for name in schema.columns)
-  # A dtype (not a value) as default makes every field required: an empty field fails loudly.
-  return [name for _, name in ordered], [i for i, _ in ordered], [dtypes[types[name]] for _, name in ordered]
+  spec = {}
+  for f in schema.features:
+    shape = [f.values_per_example] if f.values_per_example > 1 else []
+    default = None if f.default is None else ([f.default] * shape[0] if shape else f.default)
+    spec[f.name] = tf.io.FixedLenFeature(shape, dtypes[f.type], default_value=default)
+  spec[schema.label.name] = tf.io.FixedLenFeature([], dtypes[schema.label.type])
+  return spec
 
 
 def _batch_parser(schema: schema_lib.Schema, data_format: str, encoder: features_lib.FeatureEncoder, csv_layout):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
   label = schema.label
   if data_format == "tfrecord":
-    dtypes = {kind: tf.as_dtype(name) for kind, name in schema_lib.PARSE_DTYPES.items()}
-    spec = {f.name: tf.io.FixedLenFeature([], dtypes[f.type]) for f in schema.features}
-    spec[label.name] = tf.io.FixedLenFeature([], dtypes[label.type])
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    spec = _tfrecord_spec(schema)
 
     def parse_examples(serialized):
       columns = tf.io.parse_example(serialized, spec)
       target = columns.pop(label.name)
-      return encoder.encode(columns), target
+      return encoder.encode(columns), encoder.encode_label(target)
 
     return parse_examples
+
+  if data_format == "jsonl":
+
+    def parse_lines(lines):
+      columns = _jsonl_columns(lines, schema)
+      target = columns.pop(label.name)
+      return encoder.encode(columns), encoder.encode_label(target)
+
+    return parse_lines
 
   names = csv_layout[0]
 
   def parse_csv(*fields):
     columns = dict(zip(names, fields))
     target = columns.pop(label.name)
-    return encoder.encode(columns), target
+    return encoder.encode(columns), encoder.encode_label(target)
 
   return parse_csv
+
+
+# One JSON value of each kind, as RE2 captures it: the inside of a string (escapes kept), a number or boolean,
+# the inside of a flat array, or the base64 text of an image ({"b64": "..."} as Vertex and TF Serving write it).
+_JSON_VALUE = {
+    "string": r'"((?:[^"\\]|\\.)*)"',
+    "number": r"(-?[0-9][0-9.eE+-]*|true|false)",
+    "array": r"\[([^\]]*)\]",
+    "image": r'\{\s*"b64"\s*:\s*"([^"]*)"\s*\}',
+}
+_PRESENT = "\x01"  # marks a matched value: lines that do not match stay as they were (they start with "{")
+
+
+def _json_value_kind(schema: schema_lib.Schema, name: str) -> str:
+  if name == schema.label.name:
+    return "string" if schema.label.type == "string" else "number"
+  feature = schema.feature(name)
+  if feature.type == "image":
+    return "image"
+  if feature.type == "string":
+    return "string"
+  return "array" if feature.values_per_example > 1 else "number"
+
+
+def _jsonl_columns(lines, schema: schema_lib.Schema):
+  """{column: tensor} for a batch of JSON lines: one RE2 pass per column extracts its value."""
+  import json  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  columns = {}
+  for name in schema.columns:
+    kind = _json_value_kind(schema, name)
+    key = re.escape(json.dumps(name))
+    extracted = tf.strings.regex_replace(lines, r"^.*?" + key + r"\s*:\s*" + _JSON_VALUE[kind] + r".*$",
+                                         _PRESENT + r"\1")
+    present = tf.strings.substr(extracted, 0, 1) == _PRESENT
+    length = tf.strings.length(extracted)
+    text = tf.strings.substr(extracted, tf.ones_like(length), length - 1)
+    feature = None if name == schema.label.name else schema.feature(name)
+    default = feature.default if feature is not None else None
+    if default is None:
+      check = tf.debugging.Assert(tf.reduce_all(present), [f"{CHECK_PREFIX} JSONL column {name!r} is missing, "
+                                                           "null or not a " + kind])
+      with tf.control_dependencies([check]):
+        text = tf.identity(text)
+    if kind == "string":
+      text = tf.strings.regex_replace(text, r'\\(["\\/])', r"\1")
+      columns[name] = text if default is None else tf.where(present, text, default)
+    elif kind == "image":
+      columns[name] = tf.io.decode_base64(tf.strings.regex_replace(tf.strings.regex_replace(
+          tf.strings.regex_replace(text, r"\\/", "/"), r"\+", "-"), "/", "_"))
+    elif kind == "number":
+      text = tf.strings.regex_replace(tf.strings.regex_replace(text, "^true$", "1"), "^false$", "0")
+      number = tf.strings.to_number(tf.where(present, text, "0"), tf.float32)
+      columns[name] = number if default is None else tf.where(present, number, float(default))
+    else:
+      size = feature.values_per_example
+      parts = tf.strings.split(tf.where(present, text, ",".join(["0"] * size)), ",")
+      check = tf.debugging.Assert(
+          tf.reduce_all(tf.logical_or(parts.row_lengths() == size, tf.logical_not(present))),
+          [f"{CHECK_PREFIX} JSONL column {name!r} must hold {size} numbers"])
+      with tf.control_dependencies([check]):
+        numbers = tf.strings.to_number(tf.strings.strip(parts), tf.float32).to_tensor(shape=[None, size])
+      columns[name] = (numbers if default is None else
+                       tf.where(present[:, None], numbers, tf.fill(tf.shape(numbers), float(default))))
+  return columns

@@ -1,7 +1,8 @@
 """Model builders: the built-in tabular and image models, and the hook for a user's own.
 
 Every builder takes the schema and returns an uncompiled Keras model whose inputs are named after the
-schema's features and take the encoded tensors `features.FeatureEncoder` produces (float numbers, int64 vocabulary
+schema's features (`Feature.input_name`: the column name with characters outside [A-Za-z0-9_.-] as "_") and
+take the encoded tensors `features.FeatureEncoder` produces (float numbers, int64 vocabulary
 ids, float images). It outputs logits (classification) or one value (regression). Call builders inside
 `strategy.scope()`.
 
@@ -15,7 +16,7 @@ A plug-in is `--model=package.module:build_fn`:
     hparams: the JSON object given with --hparams.
 
   Returns:
-    An uncompiled Keras model taking a dict of encoded features named after schema features (strings
+    An uncompiled Keras model taking a dict of encoded features keyed by `feature.input_name` (strings
     arrive as int64 ids, 0 for out-of-vocabulary, i + 1 for vocabulary entry i) and returning logits of
     shape (batch, num_classes) for classification or (batch,) / (batch, 1) for regression. It is run on one
     batch built from the schema before training (`check_outputs`); what does not fit is one error line.
@@ -95,18 +96,20 @@ def sample_batch(schema: schema_lib.Schema, size: int = 2) -> dict[str, Any]:
   batch = {}
   for feature in schema.features:
     if feature.is_categorical:
-      batch[feature.name] = tf.zeros([size], tf.int64)
+      batch[feature.input_name] = tf.zeros([size], tf.int64)
     elif feature.type == "image":
-      batch[feature.name] = tf.zeros((size,) + feature.shape, tf.float32)
+      batch[feature.input_name] = tf.zeros((size,) + feature.shape, tf.float32)
+    elif feature.values_per_example > 1:
+      batch[feature.input_name] = tf.zeros([size, feature.values_per_example], tf.float32)
     else:
-      batch[feature.name] = tf.zeros([size], tf.float32)
+      batch[feature.input_name] = tf.zeros([size], tf.float32)
   return batch
 
 
 def check_outputs(model, schema: schema_lib.Schema, *, flag: str) -> None:
   """Runs `model` on one batch built from the schema and checks its output fits the task, in one line."""
   names = input_names(model)
-  features = [f.name for f in schema.features]
+  features = [f.input_name for f in schema.features]
   unknown = [n for n in names or () if n not in features]
   if unknown:
     raise UserError(f"{flag}: the model takes input(s) named {', '.join(unknown)}, which are not features of the "
@@ -140,11 +143,14 @@ def model_inputs(schema: schema_lib.Schema) -> dict[str, Any]:
   inputs = {}
   for feature in schema.features:
     if feature.is_categorical:
-      inputs[feature.name] = tf.keras.Input(shape=(), dtype="int64", name=feature.name)
+      inputs[feature.input_name] = tf.keras.Input(shape=(), dtype="int64", name=feature.input_name)
     elif feature.type == "image":
-      inputs[feature.name] = tf.keras.Input(shape=feature.shape, dtype="float32", name=feature.name)
+      inputs[feature.input_name] = tf.keras.Input(shape=feature.shape, dtype="float32", name=feature.input_name)
+    elif feature.values_per_example > 1:
+      inputs[feature.input_name] = tf.keras.Input(shape=(feature.values_per_example,), dtype="float32",
+                                                  name=feature.input_name)
     else:
-      inputs[feature.name] = tf.keras.Input(shape=(), dtype="float32", name=feature.name)
+      inputs[feature.input_name] = tf.keras.Input(shape=(), dtype="float32", name=feature.input_name)
   return inputs
 
 
@@ -158,16 +164,17 @@ def build_tabular(schema: schema_lib.Schema, model_config: config_lib.ModelConfi
   inputs = model_inputs(schema)
   parts = []
   for feature in schema.features:
-    x = inputs[feature.name]
+    x = inputs[feature.input_name]
     if feature.is_categorical:
       size = len(feature.vocabulary) + 1
-      x = layers.Embedding(size, min(8, size), name=f"{feature.name}_embedding")(x)
+      x = layers.Embedding(size, min(8, size), name=f"{feature.input_name}_embedding")(x)
     elif feature.type == "image":
-      x = layers.Flatten()(layers.Rescaling(1 / 255)(x))
+      x = layers.Flatten()(layers.Rescaling(feature.image_scale)(x))
     else:
-      x = layers.Reshape((1,))(x)
+      x = layers.Reshape((feature.values_per_example,))(x)
       if feature.mean is not None and feature.std is not None:
-        x = layers.Rescaling(1 / feature.std, offset=-feature.mean / feature.std, name=f"{feature.name}_std")(x)
+        scale, offset = _standardization(feature)
+        x = layers.Rescaling(scale, offset=offset, name=f"{feature.input_name}_std")(x)
     parts.append(x)
   x = layers.Concatenate()(parts) if len(parts) > 1 else parts[0]
   for units in model_config.hidden_units:
@@ -176,6 +183,16 @@ def build_tabular(schema: schema_lib.Schema, model_config: config_lib.ModelConfi
       x = layers.Dropout(model_config.dropout)(x)
   outputs = layers.Dense(output_units(schema), name="output")(x)
   return tf.keras.Model(inputs, outputs, name="tabular")
+
+
+def _standardization(feature: schema_lib.Feature):
+  """(scale, offset) with x * scale + offset = (x - mean) / std; per value for a multi-valued feature."""
+  size = feature.values_per_example
+  means = feature.mean if isinstance(feature.mean, tuple) else (feature.mean,) * size
+  stds = feature.std if isinstance(feature.std, tuple) else (feature.std,) * size
+  if size == 1:
+    return 1 / stds[0], -means[0] / stds[0]
+  return [1 / s for s in stds], [-m / s for m, s in zip(means, stds)]
 
 
 def build_cnn(schema: schema_lib.Schema, model_config: config_lib.ModelConfig,
@@ -188,8 +205,8 @@ def build_cnn(schema: schema_lib.Schema, model_config: config_lib.ModelConfig,
   if not images:
     raise UserError("--model=cnn needs an image feature in the schema (type 'image'); use --model=tabular")
   layers = tf.keras.layers
-  image = model_inputs(schema)[images[0].name]
-  x = layers.Rescaling(1 / 255)(image)
+  image = model_inputs(schema)[images[0].input_name]
+  x = layers.Rescaling(images[0].image_scale)(image)
   for filters in (16, 32):
     x = layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
     x = layers.MaxPooling2D()(x)
@@ -199,7 +216,7 @@ def build_cnn(schema: schema_lib.Schema, model_config: config_lib.ModelConfig,
     if model_config.dropout:
       x = layers.Dropout(model_config.dropout)(x)
   outputs = layers.Dense(output_units(schema), name="output")(x)
-  return tf.keras.Model({images[0].name: image}, outputs, name="cnn")
+  return tf.keras.Model({images[0].input_name: image}, outputs, name="cnn")
 
 
 def input_names(model) -> list[str] | None:

@@ -1,24 +1,30 @@
 """Pre-flight: everything checked or counted from the data before any device or peer is touched.
 
-File patterns are expanded, the first record of each split is read in plain Python and checked against the
-schema, compressed or non-UTF-8 files are named, records are counted for --epochs; failures are one-line
-`UserError`s. When training does hit a bad record later, `explain_data_error` turns TensorFlow's message into
-one line that names the file.
+File patterns are expanded, each split's format and compression resolved (`formats`), the schema read or
+inferred (`schema_inference`), the first record of each split read in plain Python and checked against it,
+records counted for --epochs; failures are one-line `UserError`s. When training does hit a bad record later,
+`explain_data_error` reads the files again in Python to name the file, record and column.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import re
+from typing import Any
 
 from absl import logging
 
 from trainer import config as config_lib
+from trainer import features as features_lib
+from trainer import formats
+from trainer import paths
 from trainer import schema as schema_lib
 from trainer.errors import UserError
 from trainer.errors import first_line
+
+
+# Files a pattern such as gs://b/data/* also matches that are not data: the schema beside it.
+_NOT_DATA = ("schema.json", "schema.pbtxt")
 
 
 def list_files(pattern: str, *, flag: str) -> list[str]:
@@ -31,203 +37,249 @@ def list_files(pattern: str, *, flag: str) -> list[str]:
     files = []
   except tf.errors.OpError as e:
     raise UserError(f"{flag}: cannot list {pattern}: {e.message.splitlines()[0]}") from None
-  files = [f for f in files if not f.endswith("/") and not f.rsplit("/", 1)[-1].endswith(".json")]
+  files = [f for f in files if not f.endswith("/") and f.rsplit("/", 1)[-1] not in _NOT_DATA]
   if not files:
     raise UserError(f"{flag}: no files match {pattern!r}; expected a file pattern such as "
                     "gs://bucket/data/train-*.tfrecord")
   return files
 
 
-def check_first_record(path: str, schema: schema_lib.Schema, data_format: str, *, flag: str) -> None:
-  """Reads the first record of `path` in plain Python and checks it against the schema.
-
-  Catching a mismatch here gives a one-line error before any device or peer is touched; it reads one
-  record, so it costs nothing next to training. Pure Python on purpose: no TensorFlow op may run before the
-  strategy is built.
-  """
-  if data_format == "csv":
-    _check_first_csv_row(path, schema, flag=flag)
-  else:
-    _check_first_example(path, schema, flag=flag)
-
-
-_GZIP_MAGIC = b"\x1f\x8b"
-
-
-def _check_not_compressed(path: str, *, flag: str) -> None:
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  try:
-    with tf.io.gfile.GFile(path, "rb") as f:
-      magic = f.read(2)
-  except tf.errors.OpError as e:
-    raise UserError(f"{flag}: cannot read {path}: {e.message.splitlines()[0]}") from None
-  if magic == _GZIP_MAGIC:
-    raise UserError(f"{flag}: {path} is gzip-compressed; the trainer reads uncompressed TFRecord and CSV files: "
-                    "decompress it, or stage it with scripts/stage_data.py (which reads gzip)")
-
-
-def find_corrupt_file(files: list[str], *, budget_secs: float = 120.0) -> tuple[str, str] | None:
-  """(path, reason) of the first TFRecord file that cannot be read to the end, or None (also when the
-  reads take longer than `budget_secs`: this runs on the failure path only, to name the file)."""
-  import time  # pylint: disable=g-import-not-at-top
-
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  deadline = time.monotonic() + budget_secs
-  for path in files:
-    try:
-      for _ in tf.compat.v1.io.tf_record_iterator(path):
-        if time.monotonic() > deadline:
-          return None
-    except tf.errors.OpError as e:
-      return path, first_line(e)
-  return None
-
-
-def _check_first_example(path: str, schema: schema_lib.Schema, *, flag: str) -> None:
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  _check_not_compressed(path, flag=flag)
-  try:
-    first = next(iter(tf.compat.v1.io.tf_record_iterator(path)), None)
-  except tf.errors.OpError as e:
-    raise UserError(f"{flag}: cannot read {path} as TFRecord: {e.message.splitlines()[0]}") from None
-  if first is None:
-    raise UserError(f"{flag}: {path} holds no records")
-  try:
-    example = tf.train.Example.FromString(first)
-  except Exception:  # pylint: disable=broad-except
-    raise UserError(f"{flag}: the first record of {path} is not a tf.train.Example") from None
-  expected = {f.name: f for f in schema.features}
-  kinds = schema_lib.EXAMPLE_LISTS
-  feature_map = example.features.feature
-  columns = [(f.name, f.type) for f in schema.features] + [(schema.label.name, schema.label.type)]
-  for name, kind in columns:
-    if name not in feature_map:
-      raise UserError(f"{flag}: the first record of {path} has no feature {name!r} "
-                      f"(it has: {', '.join(sorted(feature_map)) or 'none'}); it does not match the schema")
-    value = feature_map[name]
-    actual = value.WhichOneof("kind")
-    if actual != kinds[kind]:
-      raise UserError(f"{flag}: feature {name!r} in {path} is a {actual}, but the schema says {kind} "
-                      f"({kinds[kind]})")
-    count = len(getattr(value, actual).value)
-    if count != 1:
-      raise UserError(f"{flag}: feature {name!r} in {path} has {count} values; the schema expects exactly 1")
-    if kind == "image":
-      shape = expected[name].shape
-      size = shape[0] * shape[1] * shape[2]
-      if len(value.bytes_list.value[0]) != size:
-        raise UserError(f"{flag}: image feature {name!r} in {path} has {len(value.bytes_list.value[0])} bytes; "
-                        f"shape {list(shape)} needs {size}")
-
-
-def _check_first_csv_row(path: str, schema: schema_lib.Schema, *, flag: str) -> None:
-  header, first_row = _read_csv_head(path, flag=flag)
-  missing = [c for c in schema.columns if c not in header]
-  if missing:
-    raise UserError(f"{flag}: CSV header of {path} lacks column(s) {', '.join(missing)} named in the schema "
-                    f"(header: {', '.join(header)})")
-  if first_row is None:
-    raise UserError(f"{flag}: {path} holds a header and no rows")
-  if len(first_row) != len(header):
-    raise UserError(f"{flag}: the first row of {path} has {len(first_row)} fields, the header {len(header)}")
-  types = {f.name: f.type for f in schema.features}
-  types[schema.label.name] = schema.label.type
-  for name, kind in types.items():
-    value = first_row[header.index(name)]
-    try:
-      if kind == "float":
-        float(value)
-      elif kind == "int":
-        int(value)
-    except ValueError:
-      raise UserError(f"{flag}: column {name!r} of {path} holds {value!r}, but the schema says {kind}") from None
-
-
-def _read_csv_head(path: str, *, flag: str) -> tuple[list[str], list[str] | None]:
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  _check_not_compressed(path, flag=flag)
-  try:
-    with tf.io.gfile.GFile(path, "rb") as f:
-      head = f.read(64 * 1024)
-  except tf.errors.OpError as e:
-    raise UserError(f"{flag}: cannot read {path}: {e.message.splitlines()[0]}") from None
-  try:
-    head = head.decode("utf-8")
-  except UnicodeDecodeError as e:
-    if e.start < len(head) - 3:  # not merely a character cut at the end of the 64 KiB read
-      raise UserError(f"{flag}: {path} is not UTF-8 text (byte {e.start}); expected a CSV file with a "
-                      "header row") from None
-    head = head[:e.start].decode("utf-8")
-  rows = list(csv.reader(io.StringIO(head)))
-  if not rows:
-    raise UserError(f"{flag}: {path} is empty; expected a CSV file with a header row")
-  return rows[0], rows[1] if len(rows) > 1 else None
-
-
-def validate_schema_for_format(schema: schema_lib.Schema, data_format: str) -> None:
-  if data_format == "csv":
+def validate_schema_for_format(schema: schema_lib.Schema, source: formats.Source, *, flag: str) -> None:
+  if source.format == "csv":
     images = [f.name for f in schema.features if f.type == "image"]
     if images:
-      raise UserError(f"--data_format=csv cannot hold image feature(s) {', '.join(images)}; use tfrecord")
+      raise UserError(f"{flag}: CSV cannot hold image feature(s) {', '.join(images)}; use TFRecord or JSONL")
+    lists = [f.name for f in schema.features if f.values_per_example > 1]
+    if lists:
+      raise UserError(f"{flag}: CSV cannot hold multi-valued feature(s) {', '.join(lists)}; use TFRecord or JSONL")
+    missing = [c for c in schema.columns if c not in source.columns]
+    if missing:
+      raise UserError(f"{flag}: the CSV columns ({', '.join(source.columns)}) lack {', '.join(missing)} named in "
+                      "the schema")
 
 
-
-def count_records(files: list[str], data_format: str) -> int:
-  """Records in `files` (one pass; used to turn --epochs into steps and size the eval pass)."""
+def count_records(files: list[str], source: formats.Source) -> int:
+  """Records in `files` (one pass; used to turn --epochs into steps)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  if data_format == "csv":
-    ds = tf.data.Dataset.from_tensor_slices(files).interleave(
-        lambda path: tf.data.TextLineDataset(path).skip(1), num_parallel_calls=tf.data.AUTOTUNE)
+  if source.format == "tfrecord":
+    ds = tf.data.TFRecordDataset(files, compression_type=source.compression, num_parallel_reads=tf.data.AUTOTUNE)
   else:
-    ds = tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE)
+    skip = 1 if source.header else 0
+    ds = tf.data.Dataset.from_tensor_slices(files).interleave(
+        lambda path: tf.data.TextLineDataset(path, compression_type=source.compression).skip(skip),
+        num_parallel_calls=tf.data.AUTOTUNE).filter(lambda line: tf.strings.length(tf.strings.strip(line)) > 0)
   return int(ds.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
-
-
-def read_csv_header(path: str, *, flag: str) -> list[str]:
-  """The header row of a CSV file (all files of one pattern must share it)."""
-  return _read_csv_head(path, flag=flag)[0]
 
 
 @dataclasses.dataclass(frozen=True)
 class Inputs:
-  """What pre-flight found: the schema, the files of each split, and CSV headers ("train"/"eval")."""
+  """What pre-flight found: the schema (and where it came from), each split's files and how to read them."""
 
   schema: schema_lib.Schema
   train_files: list[str]
   eval_files: list[str]
-  csv_headers: dict[str, list[str]]
+  sources: dict[str, formats.Source]  # "train"/"eval"
+  schema_origin: str = ""
 
 
 def check_inputs(config: config_lib.Config) -> Inputs:
-  """Schema, file lists and first records: all checked in plain Python before any device is touched."""
+  """Files, formats, the schema (read or inferred) and first records: checked in plain Python before any device
+  is touched."""
   data_cfg = config.data
   splits = {"train": ("--train_data", data_cfg.train_pattern)}
   if data_cfg.eval_pattern and config.train.eval_steps != 0:
     splits["eval"] = ("--eval_data", data_cfg.eval_pattern)
-  files, headers = {}, {}
+  files, sources = {}, {}
   for split, (flag, pattern) in splits.items():
     files[split] = list_files(pattern, flag=flag)
-  schema = schema_lib.load_schema(data_cfg.schema_path)
-  validate_schema_for_format(schema, data_cfg.format)
+    sources[split] = formats.resolve(files[split], requested=data_cfg.format, vertex_format=data_cfg.vertex_format,
+                                     flag=flag)
+  schema = _read_schema(config)
+  for split, (flag, _) in splits.items():
+    if sources[split].format == "csv":
+      sources[split] = _csv_columns(sources[split], files[split][0], schema, data_cfg, flag=flag)
+  origin = data_cfg.schema_path
+  if schema is None:
+    schema, origin = _infer_schema(config, files["train"], sources["train"])
+  for split, (flag, _) in splits.items():
+    validate_schema_for_format(schema, sources[split], flag=flag)
+    check_first_record(files[split][0], sources[split], schema, flag=flag)
   if config.model.name == "cnn" and not any(f.type == "image" for f in schema.features):
     raise UserError("--model=cnn needs an image feature in the schema (type 'image'); use --model=tabular")
   for split, (flag, _) in splits.items():
-    check_first_record(files[split][0], schema, data_cfg.format, flag=flag)
-    if data_cfg.format == "csv":
-      headers[split] = read_csv_header(files[split][0], flag=flag)
-  return Inputs(schema=schema, train_files=files["train"], eval_files=files.get("eval", []), csv_headers=headers)
+    logging.info("%s: %d file(s) of %s", flag, len(files[split]), sources[split].describe())
+  return Inputs(schema=schema, train_files=files["train"], eval_files=files.get("eval", []), sources=sources,
+                schema_origin=origin)
 
 
-def total_steps(config: config_lib.Config, train_files: list[str]) -> int:
+def _read_schema(config: config_lib.Config) -> schema_lib.Schema | None:
+  """The schema file (--schema, else schema.json beside the data), or None when there is none to read."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  data_cfg = config.data
+  if not data_cfg.schema_given and not tf.io.gfile.exists(data_cfg.schema_path):
+    if data_cfg.label is None:
+      raise UserError(f"no schema: {data_cfg.schema_path} does not exist; pass --label=COLUMN to infer one from "
+                      "the data, or --schema=FILE (python -m trainer.schema_inference writes one to review)")
+    return None
+  schema = schema_lib.load_schema(data_cfg.schema_path, label=data_cfg.label)
+  if data_cfg.label is not None and data_cfg.label != schema.label.name:
+    raise UserError(f"--label={data_cfg.label!r} but the schema {data_cfg.schema_path} names the label "
+                    f"{schema.label.name!r}; drop --label or fix the schema")
+  return schema
+
+
+def _csv_columns(source: formats.Source, path: str, schema: schema_lib.Schema | None,
+                 data_cfg: config_lib.DataConfig, *, flag: str) -> formats.Source:
+  columns = data_cfg.csv_columns or (schema.csv_columns if schema is not None else None)
+  source = formats.csv_source(source, path, columns=columns, flag=flag)
+  if not source.header and columns is None and schema is not None:
+    if len(source.columns) != len(schema.columns):
+      raise UserError(f"{flag}: {path} has no header row and {len(source.columns)} fields per row, the schema "
+                      f"{len(schema.columns)} columns; name them with --csv_columns or the schema's 'columns'")
+    logging.info("%s: %s has no header row: its columns are read in the schema's order (%s)", flag, path,
+                 ", ".join(schema.columns))
+    source = dataclasses.replace(source, columns=schema.columns)
+  elif not source.header and columns is None:
+    logging.info("%s: %s has no header row: its columns are named %s..%s (--csv_columns names them)", flag, path,
+                 source.columns[0], source.columns[-1])
+  return source
+
+
+def _infer_schema(config: config_lib.Config, files: list[str],
+                  source: formats.Source) -> tuple[schema_lib.Schema, str]:
+  """A schema inferred from the training data; on a restart, the one the run inferred when it started (a grown
+  dataset must not change the vocabularies under existing checkpoints)."""
+  import json  # pylint: disable=g-import-not-at-top
+
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  from trainer import schema_inference  # pylint: disable=g-import-not-at-top
+
+  record_path = paths.join_path(config.output.checkpoint_dir, "trainer_config.json")
+  if tf.io.gfile.exists(record_path):
+    try:
+      with tf.io.gfile.GFile(record_path) as f:
+        stored = json.load(f).get("schema")
+    except (tf.errors.OpError, ValueError):
+      stored = None
+    if stored:
+      schema = schema_lib.parse_schema(stored, source=record_path)
+      if schema.label.name == config.data.label:
+        logging.info("Schema: the one this run inferred when it started (%s)", record_path)
+        return schema, record_path
+  data_cfg = config.data
+  inference = schema_inference.InferenceConfig(label=data_cfg.label, task=data_cfg.task,
+                                               sample_rows=data_cfg.infer_sample_rows)
+  schema = schema_inference.infer_schema(files, source, inference, flag="--train_data", log=logging.info)
+  logging.info("Schema (inferred; written beside the model as %s): %s", schema_lib.SCHEMA_FILE,
+               json.dumps(schema.to_dict(), sort_keys=True))
+  return schema, "inferred from --train_data"
+
+
+def check_first_record(path: str, source: formats.Source, schema: schema_lib.Schema, *, flag: str) -> None:
+  """Reads the first record of `path` in plain Python and checks it against the schema: a mismatch is one line
+  before any device or peer is touched (no TensorFlow op may run before the strategy is built)."""
+  for where, record in formats.iter_records(path, source, flag=flag):
+    problem = record_problem(record, schema, source)
+    if problem:
+      raise UserError(f"{flag}: {path} {where}: {problem}")
+    return
+  raise UserError(f"{flag}: {path} holds no records")
+
+
+def record_problem(record: dict[str, Any], schema: schema_lib.Schema, source: formats.Source) -> str | None:
+  """Why `record` (as `formats.iter_records` yields it) does not fit the schema, or None."""
+  from trainer import schema_inference  # pylint: disable=g-import-not-at-top
+
+  label = schema.label
+  for name in schema.columns:
+    feature = None if name == label.name else schema.feature(name)
+    kind = feature.type if feature else label.type
+    value = record.get(name)
+    if source.format == "tfrecord":
+      list_kind, values = value if value is not None else (None, [])
+      if not values:
+        if feature is not None and feature.default is not None:
+          continue
+        return (f"feature {name!r} is missing (the record has: {', '.join(sorted(record)) or 'none'}); it does "
+                "not match the schema" + ("" if feature is None else ", which gives it no default"))
+      expected = schema_lib.EXAMPLE_LISTS[kind]
+      if list_kind != expected:
+        return f"feature {name!r} is a {list_kind}, but the schema says {kind} ({expected})"
+      count = feature.values_per_example if feature else 1
+      if len(values) != count:
+        return f"feature {name!r} has {len(values)} values; the schema expects exactly {count}"
+      value = values[0] if count == 1 else values
+      if kind == "string":
+        try:
+          value = value.decode("utf-8")
+        except UnicodeDecodeError:
+          return f"feature {name!r} is not UTF-8 text"
+    elif value is None or value == "":
+      if feature is not None and feature.default is not None:
+        continue
+      return f"column {name!r} is empty" + ("" if feature is None else " and the schema gives it no default")
+    problem = _value_problem(name, kind, value, feature, label, source, schema_inference)
+    if problem:
+      return problem
+  return None
+
+
+def _value_problem(name, kind, value, feature, label, source, schema_inference) -> str | None:
+  import base64  # pylint: disable=g-import-not-at-top
+
+  what = "feature" if source.format == "tfrecord" else "column"
+  if kind == "image":
+    if source.format == "jsonl":
+      if not isinstance(value, dict) or not isinstance(value.get("b64"), str):
+        return f"column {name!r} holds {str(value)[:40]!r}; an image is {{'b64': '...'}} in JSONL"
+      try:
+        value = base64.b64decode(value["b64"], validate=True)
+      except ValueError:
+        return f"column {name!r} holds a 'b64' value that is not base64"
+    if feature.encoding in ("png", "jpeg"):
+      if schema_inference.image_size(value) is None:
+        return f"{what} {name!r} is not a PNG or JPEG image (it starts {value[:8]!r})"
+    else:
+      size = feature.shape[0] * feature.shape[1] * feature.shape[2]
+      if len(value) != size:
+        return f"image {what} {name!r} has {len(value)} bytes; shape {list(feature.shape)} needs {size}"
+    return None
+  if source.format == "csv":
+    if kind != "string" and not formats.is_number(value):
+      return f"column {name!r} holds {value!r}, but the schema says {kind}"
+    if kind != "string":
+      value = float(value)
+  if source.format == "jsonl":
+    count = feature.values_per_example if feature else 1
+    if count > 1:
+      if not (isinstance(value, list) and len(value) == count
+              and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
+        return f"column {name!r} holds {str(value)[:40]}; the schema expects a list of {count} numbers"
+      return None
+    if kind == "string":
+      if not isinstance(value, str):
+        return f"column {name!r} holds {value!r}, but the schema says string (a JSON string)"
+    elif not isinstance(value, (int, float)):
+      return f"column {name!r} holds {value!r}, but the schema says {kind} (a JSON number)"
+  if feature is None:  # the label's value
+    if label.vocabulary is not None:
+      text = value if isinstance(value, str) else str(value)
+      if text not in label.vocabulary:
+        return (f"label {name!r} holds {text!r}, not one of the schema's classes "
+                f"({', '.join(label.vocabulary[:10])}{', ...' if len(label.vocabulary) > 10 else ''})")
+    elif label.num_classes is not None and not (float(value) == int(value) and 0 <= value < label.num_classes):
+      return f"label {name!r} holds {value!r}; class ids are 0..{label.num_classes - 1}"
+  return None
+
+
+def total_steps(config: config_lib.Config, inputs: Inputs) -> int:
   """--train_steps, or --epochs turned into steps by counting the training records (never 0)."""
   if config.train.train_steps is not None:
     return config.train.train_steps
-  examples = count_records(train_files, config.data.format)
+  examples = count_records(inputs.train_files, inputs.sources["train"])
   steps = config.train.epochs * examples // config.train.global_batch_size
   if steps < 1:
     raise UserError(f"--epochs={config.train.epochs} over {examples} examples is less than one batch of "
@@ -236,33 +288,53 @@ def total_steps(config: config_lib.Config, train_files: list[str]) -> int:
   return steps
 
 
-def explain_data_error(error, config: config_lib.Config, files: list[str]) -> Exception:
-  """A record that failed deep in tf.data during training, as one UserError line naming the file or the
-  mismatch; any other error is returned unchanged (it is a bug, and keeps its traceback)."""
+# TensorFlow's messages for a record that does not fit: a parse, a missing field, an image, our graph checks.
+_DATA_ERROR = re.compile(r"(Feature: .*|Field \d+ .*|Expect(?:ed)? \d+ fields.*|Could not parse .*|"
+                         r"Unable to parse .*|Key: .*|StringToNumberOp could not .*|Unknown image file format.*|"
+                         r"Input to reshape .*|" + re.escape(features_lib.CHECK_PREFIX) + r".*)$")
+
+
+def explain_data_error(error, inputs: Inputs, *, budget_secs: float = 120.0) -> Exception:
+  """A record that failed deep in tf.data during training, as one UserError line naming the file, record and
+  column (found by reading the files again in plain Python, within `budget_secs`); any other error is returned
+  unchanged (it is a bug, and keeps its traceback)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  if isinstance(error, tf.errors.DataLossError):
-    return _corrupt_file_error(error, files, config)
-  if not isinstance(error, tf.errors.InvalidArgumentError):
+  if not isinstance(error, (tf.errors.DataLossError, tf.errors.InvalidArgumentError)):
     return error
+  detail = first_line(error) if isinstance(error, tf.errors.DataLossError) else None
   for line in (error.message or "").splitlines():
-    match = re.search(r"(Feature: .*|Field \d+ .*|Expect(?:ed)? \d+ fields.*|Could not parse .*|"
-                      r"Unable to parse .*|Key: .*)$", line)
-    if match:
-      detail = match.group(1).split(" [[")[0].strip()
-      return UserError(f"a record in --train_data/--eval_data does not match the schema "
-                       f"{config.data.schema_path}: {detail}")
-  return error
-
-
-def _corrupt_file_error(error, files: list[str], config: config_lib.Config) -> Exception:
-  """A truncated or corrupted TFRecord: names the file (TF's message does not), found by reading them."""
-  if config.data.format != "tfrecord":
+    match = _DATA_ERROR.search(line)
+    if match and detail is None:
+      detail = match.group(1).split(" [[")[0].replace(features_lib.CHECK_PREFIX, "").strip(" ]")
+  # Any record the Python reader finds unfit explains the failure (TF's image decoders, for one, have many
+  # messages); when none is found, only a message known to be about data makes it the user's.
+  found = find_bad_record(inputs, budget_secs=budget_secs)
+  if found is not None:
+    return UserError(found)
+  if detail is None:
     return error
-  found = find_corrupt_file(files)
-  if found is None:
-    return UserError(f"--train_data/--eval_data: a file is corrupted or truncated ({first_line(error)}); reading "
-                     f"the {len(files)} files again did not find which (or took over 2 minutes)")
-  path, reason = found
-  return UserError(f"--train_data/--eval_data: {path} is corrupted or truncated ({reason}); write it again "
-                   "or leave it out of the pattern")
+  return UserError(f"--train_data/--eval_data: a record does not fit the schema {inputs.schema_origin} or a "
+                   f"file is corrupted ({detail}); reading the files again in Python did not find which within "
+                   f"{budget_secs:.0f} s")
+
+
+def find_bad_record(inputs: Inputs, *, budget_secs: float = 120.0) -> str | None:
+  """"FLAG: PATH line/record N: what is wrong" for the first record (of either split) that does not fit, or
+  None when none is found within `budget_secs` (this runs on the failure path only, to name it)."""
+  import time  # pylint: disable=g-import-not-at-top
+
+  deadline = time.monotonic() + budget_secs
+  for flag, split, files in (("--train_data", "train", inputs.train_files), ("--eval_data", "eval",
+                                                                              inputs.eval_files)):
+    for path in files:
+      try:
+        for where, record in formats.iter_records(path, inputs.sources[split], flag=flag):
+          problem = record_problem(record, inputs.schema, inputs.sources[split])
+          if problem:
+            return f"{flag}: {path} {where}: {problem}"
+          if time.monotonic() > deadline:
+            return None
+      except UserError as e:  # a corrupted or truncated file
+        return str(e)
+  return None

@@ -39,6 +39,7 @@ from trainer.errors import UserError
 
 METRICS_FILE = "eval_metrics.json"
 CONFIG_FILE = "trainer_config.json"
+SCHEMA_FILE = "schema.json"
 
 
 def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool = False,
@@ -118,8 +119,8 @@ def _build_and_train(config: config_lib.Config, env: config_lib.Environment, pla
 
   job = training.Job(
       config=config, schema=schema, strategy=strategy, choice=plan.choice, role=role,
-      train_files=inputs.train_files, eval_files=inputs.eval_files, csv_headers=inputs.csv_headers,
-      train_steps=preflight.total_steps(config, inputs.train_files), interactive=interactive,
+      train_files=inputs.train_files, eval_files=inputs.eval_files, sources=inputs.sources,
+      train_steps=preflight.total_steps(config, inputs), interactive=interactive,
       build_model=lambda: build(schema, config.model, config.hparams), peer_watchdog=watchdog)
 
   if role.is_evaluator:
@@ -129,14 +130,15 @@ def _build_and_train(config: config_lib.Config, env: config_lib.Environment, pla
 
   # The resolved run, written beside the checkpoints from the start (a preempted or failed run says what it
   # was) and beside the export at the end.
-  run_record = {"config": json.loads(config.to_json()), "schema": schema.to_dict(), "plan": plan.to_dict(config)}
+  run_record = {"config": json.loads(config.to_json()), "schema": schema.to_dict(),
+                "schema_origin": inputs.schema_origin, "plan": plan.to_dict(config)}
   if role.is_chief:
     storage.write_json(paths.join_path(config.output.checkpoint_dir, CONFIG_FILE), run_record)
   try:
     try:
       result = (training.fit_loop if config.train.loop == "fit" else training.custom_loop)(job)
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-      raise preflight.explain_data_error(e, config, inputs.train_files + inputs.eval_files) from None
+      raise preflight.explain_data_error(e, inputs) from None
   except UserError:
     for directory in created:
       storage.remove_tree(directory)
@@ -148,7 +150,7 @@ def _build_and_train(config: config_lib.Config, env: config_lib.Environment, pla
   from trainer import export  # pylint: disable=g-import-not-at-top
 
   exported = export.export_for_role(result.model, schema, config.output.model_dir, is_chief=role.is_chief,
-                                    complete_marker=METRICS_FILE, extra_entries=(CONFIG_FILE,))
+                                    complete_marker=METRICS_FILE, extra_entries=(CONFIG_FILE, SCHEMA_FILE))
   metrics = {
       "final_step": result.final_step,
       "resumed_from_step": result.resumed_from_step,
@@ -162,6 +164,8 @@ def _build_and_train(config: config_lib.Config, env: config_lib.Environment, pla
   if exported:
     # Written last: a metrics file next to the model means the export is complete.
     storage.write_json(paths.join_path(exported, CONFIG_FILE), run_record)
+    # The schema the export serves with, in the format --schema reads (inferred ones included).
+    storage.write_json(paths.join_path(exported, SCHEMA_FILE), schema.to_dict())
     storage.write_json(paths.join_path(exported, METRICS_FILE), metrics)
     logging.info("Exported SavedModel to %s", exported)
   if role.is_chief and config.train.hypertune_metric:

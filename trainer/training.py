@@ -23,6 +23,7 @@ from trainer import cluster as cluster_lib
 from trainer import config as config_lib
 from trainer import input_pipeline
 from trainer import evaluation
+from trainer import formats
 from trainer import loop as loop_lib
 from trainer import models
 from trainer import objective as objective_lib
@@ -48,7 +49,7 @@ class Job:
   role: cluster_lib.ClusterRole
   train_files: list[str]
   eval_files: list[str]
-  csv_headers: dict[str, list[str]]  # "train"/"eval" -> header, CSV only
+  sources: dict[str, formats.Source]  # "train"/"eval" -> format, compression, CSV columns
   train_steps: int
   interactive: bool
   build_model: Callable[..., Any]
@@ -70,11 +71,11 @@ class Job:
     training = split == "train"
     files = self.train_files if training else self.eval_files
     return input_pipeline.make_dataset_fn(
-        files, self.schema, data_format=cfg.data.format, global_batch_size=cfg.train.global_batch_size,
+        files, self.schema, source=self.sources[split], global_batch_size=cfg.train.global_batch_size,
         training=training, shuffle_buffer=cfg.data.shuffle_buffer,
         # Under parameter servers every worker reads all files: distinct seeds keep their orders apart.
         seed=None if self.choice.parameter_server else cfg.train.seed,
-        csv_header=self.csv_headers.get(split), select=select, deterministic=cfg.data.deterministic,
+        select=select, deterministic=cfg.data.deterministic,
         max_batches=None if training else cfg.train.eval_steps)
 
 

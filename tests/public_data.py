@@ -1,0 +1,48 @@
+"""Test data the project did not make: scikit-learn's bundled iris and digits, written by pandas and Pillow."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import numpy as np
+import pandas as pd
+from PIL import Image
+from sklearn import datasets as sk_datasets
+
+
+def iris_frame() -> pd.DataFrame:
+  """Iris as a user has it: named columns with spaces, a string class, a few missing widths (NaN)."""
+  iris = sk_datasets.load_iris(as_frame=True)
+  frame = iris.frame.copy()
+  frame["species"] = np.asarray(iris.target_names)[frame.pop("target")]
+  frame = frame.sample(frac=1, random_state=0).reset_index(drop=True)
+  frame.loc[::17, "sepal width (cm)"] = np.nan
+  return frame
+
+
+def png(pixels: np.ndarray) -> bytes:
+  buffer = io.BytesIO()
+  Image.fromarray(pixels, mode="L").save(buffer, format="PNG")
+  return buffer.getvalue()
+
+
+def digits_rows(start: int, stop: int) -> list[dict]:
+  """Digits as JSON instances: the 8x8 scan as PNG bytes ({"b64": ...}, as Vertex and TF Serving send binary), a
+  numeric "ink" column, a categorical "scanner" column, and the digit."""
+  digits = sk_datasets.load_digits()
+  rng = np.random.default_rng(3)
+  scanners = rng.choice(["flatbed", "phone", "fax"], size=len(digits.target))
+  rows = []
+  for i in range(start, stop):
+    pixels = (digits.images[i] * 15).astype(np.uint8)
+    rows.append({"image": {"b64": base64.b64encode(png(pixels)).decode()}, "ink": float(digits.images[i].sum()),
+                 "scanner": str(scanners[i]), "digit": int(digits.target[i])})
+  return rows
+
+
+def write_jsonl(path: str, rows: list[dict]) -> None:
+  with open(path, "w") as f:
+    for row in rows:
+      f.write(json.dumps(row) + "\n")

@@ -1,0 +1,415 @@
+"""Data as other tools write it: formats and compressions resolved, schemas inferred, every reader agreeing.
+
+The data is public data a package ships (scikit-learn's iris and digits), written by pandas, Pillow and
+TensorFlow's own writers the way users' pipelines write it, not by this project's generator.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import io
+import json
+import os
+import zlib
+
+import numpy as np
+import pandas as pd
+import pytest
+import tensorflow as tf
+from PIL import Image
+from sklearn import datasets as sk_datasets
+
+from trainer import features as features_lib
+from trainer import formats
+from trainer import input_pipeline
+from trainer import preflight
+from trainer import schema as schema_lib
+from trainer import schema_inference
+from trainer.errors import UserError
+from public_data import iris_frame
+from public_data import png as _png
+
+SKLEARN_DATA = os.path.join(os.path.dirname(sk_datasets.__file__), "data")
+
+
+def write_tfrecord(path: str, frame: pd.DataFrame, compression: str = "") -> None:
+  with tf.io.TFRecordWriter(path, tf.io.TFRecordOptions(compression_type=compression)) as writer:
+    for row in frame.to_dict("records"):
+      feature = {}
+      for name, value in row.items():
+        if isinstance(value, str):
+          feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode()]))
+        elif not np.isnan(value):  # a missing value is an absent feature, as Beam's converters write it
+          feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[value]))
+      writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+
+
+@pytest.fixture(scope="module")
+def iris_files(tmp_path_factory):
+  """The same 150 iris rows in every format and compression the trainer reads."""
+  directory = tmp_path_factory.mktemp("iris")
+  frame = iris_frame()
+  paths = {
+      "csv": directory / "iris.csv", "csv_gz": directory / "iris.csv.gz", "jsonl": directory / "iris.jsonl",
+      "jsonl_gz": directory / "iris.jsonl.gz", "tfrecord_gz": directory / "iris.tfrecord.gz",
+      "tfrecord_zlib": directory / "part-0", "csv_no_header": directory / "noheader.csv",
+  }
+  frame.to_csv(paths["csv"], index=False)
+  frame.to_csv(paths["csv_gz"], index=False, compression="gzip")
+  frame.to_csv(paths["csv_no_header"], index=False, header=False)
+  frame.to_json(paths["jsonl"], orient="records", lines=True)
+  frame.to_json(paths["jsonl_gz"], orient="records", lines=True, compression="gzip")
+  write_tfrecord(str(paths["tfrecord_gz"]), frame, "GZIP")
+  write_tfrecord(str(paths["tfrecord_zlib"]), frame, "ZLIB")  # no extension: found from the content
+  return {name: str(path) for name, path in paths.items()}, frame
+
+
+def _source(path: str, *, requested: str = "auto", columns=None) -> formats.Source:
+  source = formats.resolve([path], requested=requested, vertex_format=None, flag="--train_data")
+  if source.format == "csv":
+    source = formats.csv_source(source, path, columns=columns, flag="--train_data")
+  return source
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("csv", formats.Source("csv", "", None, True)), ("csv_gz", formats.Source("csv", "GZIP", None, True)),
+    ("jsonl", formats.Source("jsonl")), ("jsonl_gz", formats.Source("jsonl", "GZIP")),
+    ("tfrecord_gz", formats.Source("tfrecord", "GZIP")), ("tfrecord_zlib", formats.Source("tfrecord", "ZLIB")),
+    ("csv_no_header", formats.Source("csv", "", None, False)),
+])
+def test_format_and_compression_are_found(iris_files, name, expected):
+  files, frame = iris_files
+  source = _source(files[name])
+  assert (source.format, source.compression, source.header) == (expected.format, expected.compression,
+                                                                 expected.header)
+  if name == "csv_no_header":
+    assert source.columns == tuple(f"column_{i}" for i in range(5))
+  elif source.format == "csv":
+    assert source.columns == tuple(frame.columns)
+
+
+def test_vertex_data_format_wins_over_the_extension(tmp_path):
+  path = tmp_path / "training-00000-of-00001"  # Vertex's export names carry no extension
+  path.write_text('{"x": 1, "y": 0}\n')
+  assert formats.resolve([str(path)], requested="auto", vertex_format="jsonl", flag="f").format == "jsonl"
+  assert formats.resolve([str(path)], requested="auto", vertex_format=None, flag="f").format == "jsonl"
+  assert formats.resolve([str(path)], requested="csv", vertex_format="jsonl", flag="f").format == "csv"
+
+
+def test_headerless_gzip_csv_from_scikit_learn():
+  """digits.csv.gz as scikit-learn ships it: gzip, no header, 64 pixel columns and the digit."""
+  path = os.path.join(SKLEARN_DATA, "digits.csv.gz")
+  source = _source(path)
+  assert (source.format, source.compression, source.header, len(source.columns)) == ("csv", "GZIP", False, 65)
+  schema = schema_inference.infer_schema([path], source, schema_inference.InferenceConfig(label="column_64"),
+                                         flag="--train_data", log=lambda _: None)
+  assert schema.label.num_classes == 10 and schema.task == "classification"
+  # Pixel columns that are always 0 carry nothing and are left out; the rest are standardized numbers.
+  assert 55 <= len(schema.features) < 64 and all(f.type == "float" and f.std > 0 for f in schema.features)
+  named = _source(path, columns=tuple(f"p{i}" for i in range(64)) + ("digit",))
+  assert not named.header and named.columns[-1] == "digit"
+  with pytest.raises(UserError, match=r"^--train_data: .*digits.csv.gz has 65 fields per row and no header; 3 "
+                                      r"column names were given \(a, b, c\)"):
+    _source(path, columns=("a", "b", "c"))
+
+
+def test_inferred_iris_schema(iris_files):
+  files, frame = iris_files
+  logged = []
+  schema = schema_inference.infer_schema([files["csv"]], _source(files["csv"]),
+                                         schema_inference.InferenceConfig(label="species"), flag="--train_data",
+                                         log=logged.append)
+  assert schema.label == schema_lib.Label("species", "string", 3, ("setosa", "versicolor", "virginica"))
+  widths = schema.feature("sepal width (cm)")
+  observed = frame["sepal width (cm)"].dropna()
+  assert widths.mean == pytest.approx(observed.mean(), abs=1e-5)
+  assert widths.std == pytest.approx(observed.std(ddof=0), abs=1e-5)
+  assert widths.default == pytest.approx(observed.mean(), abs=1e-5)
+  assert widths.input_name == "sepal_width__cm_"
+  assert any("'sepal width (cm)' has 9 missing value(s)" in line for line in logged)
+  # Deterministic: what every worker of a job infers from the same files.
+  again = schema_inference.infer_schema([files["csv"]], _source(files["csv"]),
+                                        schema_inference.InferenceConfig(label="species"), flag="f",
+                                        log=lambda _: None)
+  assert again == schema
+  # The other formats infer the same schema (TFRecord keeps the Example's float type).
+  for name in ("csv_gz", "jsonl", "jsonl_gz", "tfrecord_gz"):
+    other = schema_inference.infer_schema([files[name]], _source(files[name]),
+                                          schema_inference.InferenceConfig(label="species"), flag="f",
+                                          log=lambda _: None)
+    by_name = lambda s: {f.name: _rounded(dataclasses_replace(f).__dict__) for f in s.features}  # noqa: E731
+    assert by_name(other) == by_name(schema) and other.label == schema.label, name
+  # The written file reads back as the same schema.
+  assert schema_lib.parse_schema(json.loads(json.dumps(schema.to_dict())), source="x") == schema
+
+
+def _rounded(value):
+  """Numbers to 4 decimals: TFRecord holds float32, so its means differ from the CSV's in the 7th digit."""
+  if isinstance(value, dict):
+    return {k: _rounded(v) for k, v in value.items()}
+  if isinstance(value, list):
+    return [_rounded(v) for v in value]
+  return round(value, 4) if isinstance(value, float) else value
+
+
+def _read_all(path: str, schema: schema_lib.Schema, source: formats.Source):
+  fn = input_pipeline.make_dataset_fn([path], schema, source=source, global_batch_size=200, training=False,
+                                      repeat=False)
+  features, labels = next(iter(fn(None)))
+  return {k: v.numpy() for k, v in features.items()}, labels.numpy()
+
+
+def test_every_format_reads_the_same_examples(iris_files):
+  files, frame = iris_files
+  schema = schema_inference.infer_schema([files["csv"]], _source(files["csv"]),
+                                         schema_inference.InferenceConfig(label="species"), flag="f",
+                                         log=lambda _: None)
+  expected_labels = frame["species"].map({"setosa": 0, "versicolor": 1, "virginica": 2}).to_numpy()
+  widths = frame["sepal width (cm)"].fillna(schema.feature("sepal width (cm)").default).to_numpy(np.float32)
+  for name in ("csv", "csv_gz", "jsonl", "jsonl_gz", "tfrecord_gz", "tfrecord_zlib"):
+    features, labels = _read_all(files[name], schema, _source(files[name]))
+    np.testing.assert_array_equal(labels, expected_labels, err_msg=name)
+    np.testing.assert_allclose(features["sepal_width__cm_"], widths, rtol=1e-6, err_msg=name)
+    np.testing.assert_allclose(features["petal_length__cm_"], frame["petal length (cm)"], rtol=1e-6, err_msg=name)
+  # A headerless file reads in the schema's column order.
+  headerless = dataclasses_replace(_source(files["csv_no_header"]), columns=schema.columns)
+  features, labels = _read_all(files["csv_no_header"], schema, headerless)
+  np.testing.assert_array_equal(labels, expected_labels)
+
+
+def dataclasses_replace(source, **changes):
+  import dataclasses  # pylint: disable=g-import-not-at-top
+
+  return dataclasses.replace(source, **changes)
+
+
+def test_jsonl_strings_arrays_booleans_and_escapes(tmp_path):
+  """What json.dumps writes: escaped quotes and slashes, true/false, nulls, arrays of N numbers."""
+  rows = [{"city": 'the "big" one', "path": "a/b", "flag": True, "v": [1, 2.5, -3e-1], "y": 1.5},
+          {"city": "plain", "path": "c\\d", "flag": False, "v": [0, 0, 1], "y": -2, "extra": {"nested": [1]}},
+          {"path": "e", "flag": None, "v": None, "y": 0}]
+  path = tmp_path / "rows.jsonl"
+  path.write_text("".join(json.dumps(row) + "\n" for row in rows) + "\n")
+  schema = schema_lib.parse_schema({"features": [
+      {"name": "city", "type": "string", "vocabulary": ['the "big" one', "plain"], "default": "plain"},
+      {"name": "path", "type": "string", "vocabulary": ["a/b", "c\\d", "e"]},
+      {"name": "flag", "type": "float", "default": -1},
+      {"name": "v", "type": "float", "shape": [3], "default": 9}], "label": {"name": "y", "type": "float"}},
+      source="t")
+  features, labels = _read_all(str(path), schema, formats.Source("jsonl"))
+  np.testing.assert_array_equal(features["city"], [1, 2, 2])
+  np.testing.assert_array_equal(features["path"], [1, 2, 3])
+  np.testing.assert_array_equal(features["flag"], [1, 0, -1])
+  np.testing.assert_allclose(features["v"], [[1, 2.5, -0.3], [0, 0, 1], [9, 9, 9]], rtol=1e-6)
+  np.testing.assert_allclose(labels, [1.5, -2, 0])
+
+
+def _digits():
+  digits = sk_datasets.load_digits()
+  return digits.images.astype(np.uint8), digits.target
+
+
+def _jpeg(pixels: np.ndarray) -> bytes:
+  buffer = io.BytesIO()
+  Image.fromarray(pixels).convert("RGB").save(buffer, format="JPEG", quality=95)
+  return buffer.getvalue()
+
+
+def test_images_png_jpeg_and_raw_are_decoded_and_scaled_from_the_data(tmp_path):
+  images, labels = _digits()
+  images, labels = images[:64], labels[:64]
+  scaled = images * 15  # 0..240, as an 8-bit image file holds them
+  raw_path, png_path, jpeg_path = (str(tmp_path / n) for n in ("raw.tfrecord", "png.tfrecord.gz", "jpeg.jsonl"))
+  with tf.io.TFRecordWriter(raw_path) as raw, tf.io.TFRecordWriter(
+      png_path, tf.io.TFRecordOptions(compression_type="GZIP")) as png:
+    for pixels, label in zip(images, labels):
+      for writer, data in ((raw, pixels.tobytes()), (png, _png(pixels * 15))):
+        writer.write(tf.train.Example(features=tf.train.Features(feature={
+            "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[data])),
+            "digit": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)]))})).SerializeToString())
+  with open(jpeg_path, "w") as f:
+    for pixels, label in zip(images, labels):
+      big = np.kron(pixels * 15, np.ones((2, 2), np.uint8))  # 16x16: resized to the schema's 8x8 in the pipeline
+      f.write(json.dumps({"image": {"b64": base64.b64encode(_jpeg(big)).decode()}, "digit": f"d{label}"}) + "\n")
+  inferred = {}
+  for name, path in (("raw", raw_path), ("png", png_path), ("jpeg", jpeg_path)):
+    source = _source(path)
+    inferred[name] = schema_inference.infer_schema([path], source, schema_inference.InferenceConfig(label="digit"),
+                                                   flag="f", log=lambda _: None)
+  raw_image = inferred["raw"].feature("image")
+  # Raw uint8 pixels 0..16 (scikit-learn's digits): the scale comes from the data, not a constant 255.
+  assert (raw_image.shape, raw_image.encoding, raw_image.max_value) == ((8, 8, 1), "raw", 16.0)
+  png_image = inferred["png"].feature("image")
+  assert (png_image.shape, png_image.encoding, png_image.max_value) == ((8, 8, 1), "png", 255.0)
+  jpeg_image = inferred["jpeg"].feature("image")
+  assert (jpeg_image.shape, jpeg_image.encoding) == ((16, 16, 3), "jpeg")
+  assert inferred["jpeg"].label.vocabulary == tuple(f"d{i}" for i in range(10))
+
+  features, got = _read_all(raw_path, inferred["raw"], _source(raw_path))
+  np.testing.assert_array_equal(features["image"][..., 0], images)
+  np.testing.assert_array_equal(got, labels)
+  features, _ = _read_all(png_path, inferred["png"], _source(png_path))
+  np.testing.assert_array_equal(features["image"][..., 0], scaled)  # PNG is lossless
+  # JPEG at 16x16 into a schema of 8x8 RGB: decoded, resized, close to the pixels.
+  small = schema_lib.parse_schema({**inferred["jpeg"].to_dict(), "features": [
+      {"name": "image", "type": "image", "shape": [8, 8, 3], "encoding": "jpeg"}]}, source="t")
+  features, _ = _read_all(jpeg_path, small, _source(jpeg_path))
+  assert features["image"].shape == (64, 8, 8, 3)
+  assert np.abs(features["image"][..., 0] - scaled).mean() < 12
+
+
+def test_tfx_schema_pbtxt(tmp_path):
+  """A schema as TFDV's infer_schema / TFX SchemaGen writes it (text proto), with the label kept out of SERVING."""
+  path = tmp_path / "schema.pbtxt"
+  path.write_text('''
+feature { name: "tenure_months" type: FLOAT presence { min_fraction: 1.0 } shape { dim { size: 1 } } }
+feature { name: "support_calls" type: INT int_domain { min: 0 max: 12 } shape { dim { size: 1 } } }
+feature { name: "plan" type: BYTES domain: "plan" presence { min_fraction: 1.0 } }
+feature { name: "embedding" type: FLOAT shape { dim { size: 4 } } }
+feature { name: "churned" type: INT int_domain { min: 0 max: 1 } not_in_environment: "SERVING" }
+string_domain { name: "plan" value: "basic" value: "plus" value: "pro" }
+default_environment: "TRAINING"
+default_environment: "SERVING"
+''')
+  schema = schema_lib.load_schema(str(path))
+  assert schema.label == schema_lib.Label("churned", "int", 2)
+  assert schema.feature("plan").vocabulary == ("basic", "plus", "pro")
+  assert schema.feature("support_calls").type == "int"
+  assert schema.feature("embedding").shape == (4,)
+  assert schema_lib.load_schema(str(path), label="tenure_months").task == "regression"
+  path.write_text('feature { name: "x" type: BYTES }\nfeature { name: "y" type: FLOAT }\n')
+  with pytest.raises(UserError, match=r"feature 'x' is BYTES without a string domain"):
+    schema_lib.load_schema(str(path), label="y")
+  with pytest.raises(UserError, match=r"pass --label to say which feature is the label"):
+    schema_lib.load_schema(str(path))
+
+
+@pytest.mark.parametrize("value,message", [
+    ({"features": [{"name": "a", "type": "float", "shape": [0]}], "label": {"name": "y", "type": "float"}},
+     r"numeric feature 'a' has shape \[0\]; expected \[N\]"),
+    ({"features": [{"name": "a", "type": "float", "shape": [3], "mean": [1, 2]}], "label": {"name": "y",
+                                                                                              "type": "float"}},
+     r"feature 'a' has mean \[1, 2\]; expected a number or a list of 3"),
+    ({"features": [{"name": "a", "type": "image", "shape": [8, 8, 2], "encoding": "png"}],
+      "label": {"name": "y", "type": "float"}}, r"image feature 'a' is png with 2 channels; expected 1, 3 or 4"),
+    ({"features": [{"name": "a", "type": "string", "vocabulary": ["x"], "default": 3}],
+      "label": {"name": "y", "type": "float"}}, r"feature 'a' \(string\) has default 3; expected a string"),
+    ({"features": [{"name": "a", "type": "float"}], "label": {"name": "y", "type": "string", "vocabulary": ["n"]}},
+     r"string label 'y' needs a 'vocabulary' of 2 or more distinct class names"),
+    ({"features": [{"name": "a b", "type": "float"}, {"name": "a_b", "type": "float"}],
+      "label": {"name": "y", "type": "float"}}, r"features 'a b' and 'a_b' both become the model input 'a_b'"),
+])
+def test_bad_schema_extensions(value, message):
+  with pytest.raises(UserError, match=message):
+    schema_lib.parse_schema(value, source="s.json")
+
+
+# ----- bad input: one line naming the file, the record and the column ----------------------------------------
+
+
+def _inputs(path: str, schema: schema_lib.Schema) -> preflight.Inputs:
+  return preflight.Inputs(schema=schema, train_files=[path], eval_files=[], sources={"train": _source(path)})
+
+
+def _first_error(path: str, schema: schema_lib.Schema) -> str:
+  """What the trainer says when the pipeline fails on `path`: TF's error, explained by pre-flight."""
+  with pytest.raises((tf.errors.InvalidArgumentError, tf.errors.DataLossError)) as raised:
+    fn = input_pipeline.make_dataset_fn([path], schema, source=_source(path), global_batch_size=64, training=False,
+                                        repeat=False)
+    for _ in fn(None):
+      pass
+  explained = preflight.explain_data_error(raised.value, _inputs(path, schema))
+  assert isinstance(explained, UserError), explained
+  return str(explained)
+
+
+def test_bad_records_deep_in_the_files_are_named(iris_files, tmp_path):
+  files, frame = iris_files
+  schema = schema_inference.infer_schema([files["csv"]], _source(files["csv"]),
+                                         schema_inference.InferenceConfig(label="species"), flag="f",
+                                         log=lambda _: None)
+  bad = frame.copy().astype({"petal length (cm)": object})
+  bad.loc[120, "petal length (cm)"] = "n/a"
+  csv_path = str(tmp_path / "bad.csv")
+  bad.to_csv(csv_path, index=False)
+  assert _first_error(csv_path, schema) == (f"--train_data: {csv_path} line 122: column 'petal length (cm)' holds "
+                                            "'n/a', but the schema says float")
+  unknown = frame.copy()
+  unknown.loc[100, "species"] = "rosa"
+  jsonl_path = str(tmp_path / "bad.jsonl")
+  unknown.to_json(jsonl_path, orient="records", lines=True)
+  assert _first_error(jsonl_path, schema) == (
+      f"--train_data: {jsonl_path} line 101: label 'species' holds 'rosa', not one of the schema's classes "
+      "(setosa, versicolor, virginica)")
+  no_label = frame.drop(columns=["species"]).iloc[:3]
+  missing_path = str(tmp_path / "nolabel.jsonl")
+  no_label.to_json(missing_path, orient="records", lines=True)
+  assert _first_error(missing_path, schema) == f"--train_data: {missing_path} line 1: column 'species' is empty"
+
+
+def test_corrupt_gzip_and_undecodable_images(iris_files, tmp_path):
+  files, _ = iris_files
+  with open(files["csv_gz"], "rb") as f:
+    data = f.read()
+  truncated = str(tmp_path / "truncated.csv.gz")
+  with open(truncated, "wb") as f:
+    f.write(data[:len(data) // 2])
+  schema = schema_inference.infer_schema([files["csv"]], _source(files["csv"]),
+                                         schema_inference.InferenceConfig(label="species"), flag="f",
+                                         log=lambda _: None)
+  message = _first_error(truncated, schema)
+  assert message.startswith(f"--train_data: {truncated} is not valid gzip data"), message
+
+  image_schema = schema_lib.parse_schema({"features": [{"name": "image", "type": "image", "shape": [8, 8, 1],
+                                                        "encoding": "png"}],
+                                          "label": {"name": "digit", "type": "int", "num_classes": 10}}, source="t")
+  images, labels = _digits()
+  path = str(tmp_path / "images.tfrecord")
+  with tf.io.TFRecordWriter(path) as writer:
+    for i in range(40):
+      data = b"GIF89a not really" if i == 30 else _png(images[i])
+      writer.write(tf.train.Example(features=tf.train.Features(feature={
+          "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[data])),
+          "digit": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(labels[i])]))})).SerializeToString())
+  assert _first_error(path, image_schema) == (f"--train_data: {path} record 31: feature 'image' is not a PNG or "
+                                              "JPEG image (it starts b'GIF89a n')")
+
+
+def test_mixed_compressions_and_formats_under_one_pattern(iris_files, tmp_path):
+  files, _ = iris_files
+  with pytest.raises(UserError, match=r"^--train_data: the pattern mixes compressions: uncompressed \(.*iris.csv\) "
+                                      r"and gzip \(.*iris.csv.gz\)"):
+    formats.resolve([files["csv"], files["csv_gz"]], requested="auto", vertex_format=None, flag="--train_data")
+  with pytest.raises(UserError, match=r"^--train_data: the pattern mixes csv \(.*iris.csv\) and jsonl"):
+    formats.resolve([files["csv"], files["jsonl"]], requested="auto", vertex_format=None, flag="--train_data")
+  # gzip data named .csv (gsutil -Z, some exporters): the content decides.
+  renamed = tmp_path / "really-gzip.csv"
+  with open(files["csv_gz"], "rb") as f:
+    renamed.write_bytes(f.read())
+  assert _source(str(renamed)).compression == "GZIP"
+  zlib_csv = tmp_path / "text.csv.zz"
+  zlib_csv.write_bytes(zlib.compress(b"a,b\n1,2\n"))
+  assert _source(str(zlib_csv)) == formats.Source("csv", "ZLIB", ("a", "b"), True)
+  plain = tmp_path / "x^.csv"  # starts with zlib's header bytes "x^" but is plain text
+  plain.write_bytes(b"x^,b\n1,2\n")
+  assert _source(str(plain)).compression == ""
+  assert gzip.decompress(renamed.read_bytes())  # (the fixture is real gzip)
+
+
+def test_label_that_is_not_a_column(iris_files):
+  files, _ = iris_files
+  with pytest.raises(UserError, match=r"^--label='Species' is not a column of .*iris.csv \(columns: sepal length "
+                                      r"\(cm\), .*, species\)$"):
+    schema_inference.infer_schema([files["csv"]], _source(files["csv"]), schema_inference.InferenceConfig(
+        label="Species"), flag="--train_data", log=lambda _: None)
+
+
+def test_encoder_serving_specs_for_new_feature_kinds():
+  schema = schema_lib.parse_schema({"features": [
+      {"name": "photo", "type": "image", "shape": [8, 8, 3], "encoding": "jpeg"},
+      {"name": "vec", "type": "float", "shape": [4]}],
+      "label": {"name": "y", "type": "string", "vocabulary": ["a", "b"]}}, source="t")
+  specs = features_lib.raw_serving_specs(schema)
+  assert specs["photo"].dtype == tf.string and specs["photo"].shape.as_list() == [None]
+  assert specs["vec"].shape.as_list() == [None, 4]

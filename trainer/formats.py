@@ -1,0 +1,363 @@
+"""Which format and compression the data files are in, and reading a few of their records in plain Python.
+
+`--data_format=auto` (the default) resolves in this order: Vertex's `AIP_DATA_FORMAT` (a managed-dataset job),
+the file extension (`.tfrecord`, `.csv`, `.jsonl`, each optionally `.gz` / `.zz`), then the first file's content.
+Compression is read from each file's first bytes (gzip's magic, zlib's header), not trusted from the name: Beam
+and Dataflow write `*.tfrecord.gz`, `gsutil -Z` and some exporters gzip files whose names do not say so.
+
+Everything here runs before the strategy is built, so it reads files through `tf.io.gfile` and Python's own
+gzip/zlib/csv/json, and runs no TensorFlow op (`tf_record_iterator` is a reader, not an op).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import gzip
+import io
+import json
+import zlib
+from typing import Any, Iterator
+
+from trainer.errors import UserError
+from trainer.errors import first_line
+
+FORMATS = ("auto", "tfrecord", "csv", "jsonl")
+DATA_FORMATS = FORMATS[1:]
+# AIP_DATA_FORMAT values (Vertex managed datasets) -> ours; bigquery is refused with its own message.
+VERTEX_FORMATS = {"csv": "csv", "jsonl": "jsonl", "tf-record": "tfrecord", "tfrecord": "tfrecord"}
+_EXTENSIONS = {".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".tfrec": "tfrecord", ".csv": "csv",
+               ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
+_COMPRESSED_EXTENSIONS = {".gz": "GZIP", ".gzip": "GZIP", ".zz": "ZLIB", ".zlib": "ZLIB", ".deflate": "ZLIB"}
+_GZIP_MAGIC = b"\x1f\x8b"
+_SNIFFED_FILES = 16  # files whose first bytes are read to check one compression under a pattern
+_HEAD_BYTES = 64 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """How to read one split's files: resolved once in pre-flight, then passed to every reader."""
+
+  format: str  # tfrecord | csv | jsonl
+  compression: str = ""  # "" | GZIP | ZLIB (TensorFlow's compression_type names)
+  columns: tuple[str, ...] | None = None  # CSV: every column, in file order
+  header: bool = False  # CSV: the first line of each file is a header row
+
+  def describe(self) -> str:
+    kind = {"tfrecord": "TFRecord", "csv": "CSV", "jsonl": "JSONL"}[self.format]
+    text = f"{self.compression.lower()} {kind}" if self.compression else kind
+    if self.format == "csv":
+      text += f" ({len(self.columns or ())} columns, {'a header row' if self.header else 'no header row'})"
+    return text
+
+
+TFRECORD = Source("tfrecord")
+
+
+def compression_of(path: str, *, flag: str) -> str:
+  """"GZIP", "ZLIB" or "" from the file's first bytes."""
+  head = read_head(path, 2, flag=flag)
+  if head[:2] == _GZIP_MAGIC:
+    return "GZIP"
+  if len(head) == 2 and head[0] & 0x0F == 8 and head[0] >> 4 <= 7 and (head[0] << 8 | head[1]) % 31 == 0:
+    return "ZLIB"  # RFC 1950 header; confirmed (or refuted) by decompressing, see `_confirm_zlib`
+  return ""
+
+
+def read_head(path: str, size: int, *, flag: str) -> bytes:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  try:
+    with tf.io.gfile.GFile(path, "rb") as f:
+      return f.read(size)
+  except tf.errors.OpError as e:
+    raise UserError(f"{flag}: cannot read {path}: {first_line(e)}") from None
+
+
+def _confirm_zlib(path: str, *, flag: str) -> bool:
+  try:
+    zlib.decompressobj().decompress(read_head(path, 4096, flag=flag))
+    return True
+  except zlib.error:
+    return False
+
+
+def _extension_format(path: str) -> tuple[str | None, str | None]:
+  """(format, compression) the file name claims, None where it says nothing."""
+  name = path.rsplit("/", 1)[-1].lower()
+  compression = None
+  for ext, kind in _COMPRESSED_EXTENSIONS.items():
+    if name.endswith(ext):
+      compression, name = kind, name[:-len(ext)]
+      break
+  for ext, kind in _EXTENSIONS.items():
+    if name.endswith(ext):
+      return kind, compression
+  return None, compression
+
+
+def resolve(files: list[str], *, requested: str, vertex_format: str | None, flag: str) -> Source:
+  """The format and compression of one split's files (CSV columns are settled later, by `csv_source`)."""
+  compression = _one_compression(files, flag=flag)
+  if requested != "auto":
+    data_format = requested
+  elif vertex_format:
+    data_format = VERTEX_FORMATS[vertex_format]
+  else:
+    claimed = {}
+    for path in files:
+      kind = _extension_format(path)[0]
+      if kind:
+        claimed.setdefault(kind, path)
+    if len(claimed) > 1:
+      (a, pa), (b, pb) = list(claimed.items())[:2]
+      raise UserError(f"{flag}: the pattern mixes {a} ({pa}) and {b} ({pb}) files; point it at one format")
+    data_format = next(iter(claimed), None) or _sniff_format(files[0], compression, flag=flag)
+  return Source(data_format, compression)
+
+
+def _one_compression(files: list[str], *, flag: str) -> str:
+  """The compression every file shares, read from the first bytes of up to 16 files spread over the list."""
+  step = max(1, len(files) // _SNIFFED_FILES)
+  sampled = files[::step][:_SNIFFED_FILES]
+  if files[-1] not in sampled:
+    sampled.append(files[-1])
+  found: dict[str, str] = {}
+  for path in sampled:
+    kind = compression_of(path, flag=flag)
+    if kind == "ZLIB" and not _confirm_zlib(path, flag=flag):
+      kind = ""
+    found.setdefault(kind, path)
+  if len(found) > 1:
+    described = [f"{kind.lower() or 'uncompressed'} ({path})" for kind, path in found.items()]
+    raise UserError(f"{flag}: the pattern mixes compressions: {' and '.join(described)}; TensorFlow reads one "
+                    "compression per pattern: compress or decompress them alike")
+  return next(iter(found))
+
+
+def _sniff_format(path: str, compression: str, *, flag: str) -> str:
+  """TFRecord if the first record reads as one, else JSONL if the text starts with '{', else CSV."""
+  if _first_tfrecord(path, compression) is not None:
+    return "tfrecord"
+  text = _text_head(path, compression, flag=flag).lstrip()
+  if not text:
+    raise UserError(f"{flag}: {path} is empty; expected TFRecord, CSV or JSONL data")
+  return "jsonl" if text.startswith("{") else "csv"
+
+
+def _first_tfrecord(path: str, compression: str) -> bytes | None:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  try:
+    options = tf.io.TFRecordOptions(compression_type=compression)
+    return next(iter(tf.compat.v1.io.tf_record_iterator(path, options=options)), None)
+  except tf.errors.OpError:
+    return None
+
+
+def _text_head(path: str, compression: str, *, flag: str) -> str:
+  with open_text(path, compression, flag=flag) as f:
+    try:
+      return f.read(_HEAD_BYTES)
+    except UnicodeDecodeError as e:
+      raise UserError(f"{flag}: {path} is not UTF-8 text (byte {e.start}); expected TFRecord, CSV or "
+                      "JSONL data") from None
+    except (OSError, EOFError, zlib.error) as e:
+      raise UserError(f"{flag}: {path} is not valid {compression.lower()} data ({e})") from None
+
+
+class _GFileReader(io.RawIOBase):
+  """`tf.io.gfile.GFile` as a standard readable stream (GFile is not an io.IOBase), for gzip and TextIOWrapper."""
+
+  def __init__(self, gfile):
+    self._gfile = gfile
+
+  def readable(self):
+    return True
+
+  def readinto(self, buffer):
+    data = self._gfile.read(len(buffer))
+    buffer[:len(data)] = data
+    return len(data)
+
+  def close(self):
+    self._gfile.close()
+    super().close()
+
+
+class _ZlibReader(io.RawIOBase):
+  """A readable stream over a zlib-compressed one (gzip.GzipFile's counterpart for TF's ZLIB files)."""
+
+  def __init__(self, raw):
+    self._raw, self._inflate, self._pending = raw, zlib.decompressobj(), b""
+
+  def readable(self):
+    return True
+
+  def readinto(self, buffer):
+    while not self._pending:
+      chunk = self._raw.read(1 << 16)
+      if not chunk:
+        self._pending = self._inflate.flush()
+        break
+      self._pending = self._inflate.decompress(chunk)
+    size = min(len(buffer), len(self._pending))
+    buffer[:size], self._pending = self._pending[:size], self._pending[size:]
+    return size
+
+
+def open_binary(path: str, compression: str, *, flag: str):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  try:
+    raw = io.BufferedReader(_GFileReader(tf.io.gfile.GFile(path, "rb")), buffer_size=1 << 20)
+    raw.peek(1)  # opens it: a missing or unreadable file fails here, with its name
+  except tf.errors.OpError as e:
+    raise UserError(f"{flag}: cannot read {path}: {first_line(e)}") from None
+  if compression == "GZIP":
+    return gzip.GzipFile(fileobj=raw, mode="rb")
+  if compression == "ZLIB":
+    return io.BufferedReader(_ZlibReader(raw))
+  return raw
+
+
+def open_text(path: str, compression: str, *, flag: str):
+  return io.TextIOWrapper(open_binary(path, compression, flag=flag), encoding="utf-8", newline="")
+
+
+# ----- CSV columns -----------------------------------------------------------------------------------------
+
+
+def csv_source(source: Source, path: str, *, columns: tuple[str, ...] | None, flag: str) -> Source:
+  """Settles a CSV split's columns and header: `columns` (from --csv_columns or the schema), checked against the
+  first row; else the first row when it looks like a header; else `column_0`, `column_1`, ... ."""
+  rows = head_rows(path, source.compression, flag=flag, limit=20)
+  if not rows:
+    raise UserError(f"{flag}: {path} is empty; expected CSV rows")
+  first = rows[0]
+  if columns is not None:
+    if [c.strip() for c in first] == list(columns):
+      return dataclasses.replace(source, columns=tuple(columns), header=True)
+    if looks_like_header(rows) and set(columns) & {c.strip() for c in first}:
+      raise UserError(f"{flag}: the header of {path} ({', '.join(first)}) differs from the expected columns "
+                      f"({', '.join(columns)})")
+    if len(first) != len(columns):
+      raise UserError(f"{flag}: {path} has {len(first)} fields per row and no header; {len(columns)} column "
+                      f"names were given ({', '.join(columns)}): pass --csv_columns with one name per field")
+    return dataclasses.replace(source, columns=tuple(columns), header=False)
+  if looks_like_header(rows):
+    names = tuple(c.strip() for c in first)
+    if len(set(names)) != len(names) or not all(names):
+      raise UserError(f"{flag}: the header of {path} has empty or repeated column names ({', '.join(first)})")
+    return dataclasses.replace(source, columns=names, header=True)
+  return dataclasses.replace(source, columns=tuple(f"column_{i}" for i in range(len(first))), header=False)
+
+
+def looks_like_header(rows: list[list[str]]) -> bool:
+  """The first row is a header when none of its fields is a number, and some column below it holds numbers,
+  or no field of it recurs in its column below (all-text files: a header names, rows repeat values)."""
+  first, rest = rows[0], rows[1:]
+  if any(is_number(field) for field in first):
+    return False
+  if not rest:
+    return True
+  for i in range(len(first)):
+    below = [row[i] for row in rest if i < len(row) and row[i] != ""]
+    if below and all(is_number(v) for v in below):
+      return True
+  return all(first[i] not in {row[i] for row in rest if i < len(row)} for i in range(len(first)))
+
+
+def is_number(text: str) -> bool:
+  try:
+    float(text)
+  except ValueError:
+    return False
+  return text.strip().lower() not in ("nan", "inf", "-inf", "infinity", "-infinity", "")
+
+
+def head_rows(path: str, compression: str, *, flag: str, limit: int) -> list[list[str]]:
+  rows = []
+  for _, row in iter_csv(path, compression, flag=flag):
+    rows.append(row)
+    if len(rows) >= limit:
+      break
+  return rows
+
+
+def iter_csv(path: str, compression: str, *, flag: str) -> Iterator[tuple[int, list[str]]]:
+  """(line number, fields) of every non-empty row."""
+  with open_text(path, compression, flag=flag) as f:
+    try:
+      reader = csv.reader(f)
+      for row in reader:
+        if row:
+          yield reader.line_num, row
+    except UnicodeDecodeError as e:
+      raise UserError(f"{flag}: {path} is not UTF-8 text (byte {e.start}); expected a CSV file") from None
+    except (OSError, EOFError, zlib.error) as e:
+      raise UserError(f"{flag}: {path} is not valid {compression.lower() or 'CSV'} data ({e})") from None
+    except csv.Error as e:
+      raise UserError(f"{flag}: {path} line {reader.line_num} is not valid CSV ({e})") from None
+
+
+# ----- records as Python values ----------------------------------------------------------------------------
+
+
+def iter_records(path: str, source: Source, *, flag: str) -> Iterator[tuple[str, dict[str, Any]]]:
+  """(where, {column: value}) of each record: `where` is "line N" or "record N"; values are as the file holds
+  them: Example value lists (TFRecord), strings (CSV; "" when empty), JSON values (JSONL)."""
+  if source.format == "csv":
+    rows = iter_csv(path, source.compression, flag=flag)
+    if source.header:
+      next(rows, None)
+    for line, row in rows:
+      yield f"line {line}", dict(zip(source.columns, row + [""] * (len(source.columns) - len(row))))
+  elif source.format == "jsonl":
+    yield from _iter_jsonl(path, source.compression, flag=flag)
+  else:
+    yield from _iter_examples(path, source.compression, flag=flag)
+
+
+def _iter_jsonl(path: str, compression: str, *, flag: str):
+  with open_text(path, compression, flag=flag) as f:
+    line_number = 0
+    try:
+      for line_number, line in enumerate(f, start=1):
+        if not line.strip():
+          continue
+        try:
+          value = json.loads(line)
+        except json.JSONDecodeError as e:
+          raise UserError(f"{flag}: {path} line {line_number} is not JSON ({e.msg}); expected one JSON object "
+                          "per line") from None
+        if not isinstance(value, dict):
+          raise UserError(f"{flag}: {path} line {line_number} is a JSON {type(value).__name__}; expected one "
+                          "object per line")
+        yield f"line {line_number}", value
+    except UnicodeDecodeError as e:
+      raise UserError(f"{flag}: {path} is not UTF-8 text (after line {line_number}, byte {e.start})") from None
+    except (OSError, EOFError, zlib.error) as e:
+      raise UserError(f"{flag}: {path} is not valid {compression.lower() or 'JSONL'} data after line "
+                      f"{line_number} ({e})") from None
+
+
+def _iter_examples(path: str, compression: str, *, flag: str):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  options = tf.io.TFRecordOptions(compression_type=compression)
+  number = 0
+  try:
+    for number, serialized in enumerate(tf.compat.v1.io.tf_record_iterator(path, options=options), start=1):
+      try:
+        example = tf.train.Example.FromString(serialized)
+      except Exception:  # pylint: disable=broad-except  (protobuf's DecodeError has no stable import path)
+        raise UserError(f"{flag}: record {number} of {path} is not a tf.train.Example") from None
+      values = {}
+      for name, feature in example.features.feature.items():
+        kind = feature.WhichOneof("kind")
+        values[name] = (kind, list(getattr(feature, kind).value) if kind else [])
+      yield f"record {number}", values
+  except tf.errors.OpError as e:
+    what = f"{compression.lower()} TFRecord" if compression else "TFRecord"
+    raise UserError(f"{flag}: {path} cannot be read as {what} after record {number} ({first_line(e)})") from None

@@ -1,0 +1,431 @@
+r"""Schema inference: a `schema.json` from the data itself, given the label column.
+
+    python -m trainer.schema_inference --data='gs://BUCKET/data/train-*.csv' --label=churned --output=schema.json
+
+The trainer runs the same inference when there is no `--schema` and no `schema.json` beside the training files
+but there is a `--label`, logs the result, and writes it beside the checkpoints and the export.
+
+It reads a bounded, deterministic sample (`--infer_sample_rows`, default 100,000 records: the files in sorted
+order, an even share from each of the first 16, more files only when those run short), so every worker of a
+job infers the same schema and 1M rows cost what 100k do. Pure Python: no TensorFlow op runs before the strategy
+is built. Per column:
+- numbers (an Example's float/int64 list, CSV fields that all parse as numbers, JSON numbers or arrays of them):
+  numeric with mean/std for the model's standardization and the mean as the default for a missing value;
+  a fixed-length list of N is one feature of shape [N]; a constant column is left out.
+- text: categorical over the values seen at least `--vocab_min_count` times (at most `--max_vocab_size`, most
+  frequent first); the rest map to the out-of-vocabulary id, and so does a missing value. A column whose values
+  are mostly unique (an id, free text) is left out.
+- PNG/JPEG bytes (an Example's bytes, `{"b64": ...}` in JSON): an image of the most common size, 255 as max value;
+  fixed-length raw uint8 bytes: a square image (1 or 3 channels) with the sample's largest byte as max value.
+- the label: text -> classification over its sorted values; whole numbers >= 0 with at most 20 distinct values ->
+  classification with `max + 1` classes; other numbers -> regression. `--task` overrides the guess.
+Every decision is logged; review the written file and pass it back with `--schema` to pin it.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import dataclasses
+import math
+import struct
+from typing import Any
+
+from trainer import formats
+from trainer import schema as schema_lib
+from trainer.errors import UserError
+
+TASKS = ("auto", "classification", "regression")
+MAX_CLASSES_GUESSED = 20
+_SAMPLED_FILES = 16
+_MAX_FILES_READ = 64
+_MAX_DISTINCT = 1000
+_NUMERIC_SHARE = 0.9  # a column this numeric with some text in it is numbers with typos, not a category
+_CONTROL_BYTES = frozenset(range(0, 9)) | frozenset(range(14, 32))
+
+
+@dataclasses.dataclass(frozen=True)
+class InferenceConfig:
+  label: str
+  task: str = "auto"
+  sample_rows: int = 100_000
+  vocab_min_count: int = 2
+  max_vocab_size: int = 10_000
+
+
+@dataclasses.dataclass
+class _Column:
+  """What the sample holds in one column."""
+
+  name: str
+  missing: int = 0
+  present: int = 0
+  kinds: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+  lengths: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+  sums: list[float] = dataclasses.field(default_factory=list)
+  squares: list[float] = dataclasses.field(default_factory=list)
+  strings: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+  images: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # (h, w, c, encoding)
+  integral: bool = True
+  minimum: float = math.inf  # of scalar numbers (the label's range)
+  maximum: float = -math.inf
+  distinct: set = dataclasses.field(default_factory=set)  # of scalar numbers, up to _MAX_DISTINCT
+  max_byte: int = 0
+  where: str = ""  # the first record seen, for messages
+  first_text: tuple[str, str] | None = None  # (value, where) of the first text value
+
+  def add_numbers(self, values: list[float]) -> None:
+    if len(self.sums) < len(values):
+      self.sums.extend([0.0] * (len(values) - len(self.sums)))
+      self.squares.extend([0.0] * (len(values) - len(self.squares)))
+    for i, v in enumerate(values):
+      self.sums[i] += v
+      self.squares[i] += v * v
+      if self.integral and (not math.isfinite(v) or v != int(v)):
+        self.integral = False
+    if len(values) == 1:
+      self.minimum, self.maximum = min(self.minimum, values[0]), max(self.maximum, values[0])
+      if len(self.distinct) < _MAX_DISTINCT:
+        self.distinct.add(values[0])
+    self.lengths[len(values)] += 1
+    self.kinds["number"] += 1
+
+
+def sample_records(files: list[str], source: formats.Source, *, limit: int, flag: str):
+  """Up to `limit` (where, record) pairs: an even share from each of the first files, deterministically."""
+  share = max(1, -(-limit // min(len(files), _SAMPLED_FILES)))
+  taken: list[tuple[str, dict[str, Any]]] = []
+  for path in files[:_MAX_FILES_READ]:
+    wanted = min(share, limit - len(taken))
+    for i, (where, record) in enumerate(formats.iter_records(path, source, flag=flag)):
+      if i >= wanted:
+        break
+      taken.append((f"{path} {where}", record))
+    if len(taken) >= limit:
+      break
+  if not taken:
+    raise UserError(f"{flag}: {files[0]} holds no records")
+  return taken
+
+
+def infer_schema(files: list[str], source: formats.Source, config: InferenceConfig, *, flag: str,
+                 log=print) -> schema_lib.Schema:
+  """A validated `Schema` for `files`, inferred from a sample; `log` receives one line per decision."""
+  records = sample_records(files, source, limit=config.sample_rows, flag=flag)
+  names = list(source.columns) if source.columns else _names_in_order(records)
+  if source.format == "tfrecord":
+    names.sort()  # an Example's features are a map: no order of their own
+  if config.label not in names:
+    raise UserError(f"--label={config.label!r} is not a column of {files[0]} (columns: {', '.join(names)})")
+  columns = {name: _Column(name) for name in names}
+  for where, record in records:
+    for name, column in columns.items():
+      _observe(column, record.get(name), where, source.format, flag=flag)
+  log(f"schema inference: {len(records)} records sampled from {min(len(files), _MAX_FILES_READ)} of {len(files)} "
+      f"file(s) ({source.describe()})")
+  features = []
+  for name in names:
+    if name == config.label:
+      continue
+    feature = _feature(columns[name], source.format, config, log=log)
+    if feature is not None:
+      features.append(feature)
+  if not features:
+    raise UserError(f"{flag}: schema inference found no usable feature besides the label {config.label!r} in "
+                    f"{files[0]}")
+  label = _label(columns[config.label], source.format, config.task, flag=flag, log=log)
+  value = {"features": features, "label": label}
+  if source.format == "csv" and not source.header:
+    value["columns"] = list(source.columns)
+  return schema_lib.parse_schema(value, source="(inferred)")
+
+
+def _names_in_order(records) -> list[str]:
+  names: dict[str, None] = {}
+  for _, record in records:
+    for name in record:
+      names.setdefault(name, None)
+  return list(names)
+
+
+def _observe(column: _Column, value: Any, where: str, data_format: str, *, flag: str) -> None:
+  if not column.where:
+    column.where = where
+  if data_format == "tfrecord":
+    kind, values = value if value is not None else (None, [])
+    if not values:
+      column.missing += 1
+      return
+    column.present += 1
+    if kind in ("float_list", "int64_list"):
+      column.add_numbers([float(v) for v in values])
+      column.kinds[kind] += 1
+    else:
+      if len(values) != 1:
+        column.lengths[len(values)] += 1
+        column.kinds["bytes_list_multi"] += 1
+        return
+      _observe_bytes(column, values[0])
+    return
+  if value is None or value == "":
+    column.missing += 1
+    return
+  column.present += 1
+  if data_format == "csv":
+    if formats.is_number(value):
+      column.add_numbers([float(value)])
+    else:
+      column.strings[value] += 1
+      column.kinds["text"] += 1
+      column.first_text = column.first_text or (value, where)
+    return
+  # JSONL
+  if isinstance(value, bool):
+    column.add_numbers([float(value)])
+  elif isinstance(value, (int, float)):
+    column.add_numbers([float(value)])
+  elif isinstance(value, str):
+    column.strings[value] += 1
+    column.kinds["text"] += 1
+    column.first_text = column.first_text or (value, where)
+  elif isinstance(value, list) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                 for v in value):
+    column.add_numbers([float(v) for v in value])
+  elif isinstance(value, dict) and isinstance(value.get("b64"), str):
+    try:
+      data = base64.b64decode(value["b64"], validate=True)
+    except ValueError:
+      raise UserError(f"{flag}: column {column.name!r} at {where} holds a 'b64' value that is not base64") from None
+    _observe_bytes(column, data)
+  else:
+    column.kinds["other"] += 1
+
+
+def _observe_bytes(column: _Column, data: bytes) -> None:
+  size = image_size(data)
+  if size is not None:
+    column.images[size] += 1
+    column.kinds["image"] += 1
+    return
+  try:
+    if _CONTROL_BYTES.intersection(data):  # pixels 0..16 are valid UTF-8, but no text holds NUL..BS
+      raise UnicodeDecodeError("utf-8", data, 0, 1, "control bytes")
+    column.strings[data.decode("utf-8")] += 1
+    column.kinds["text"] += 1
+  except UnicodeDecodeError:
+    column.kinds["raw_bytes"] += 1
+    column.lengths[len(data)] += 1
+    column.max_byte = max(column.max_byte, max(data))
+
+
+def image_size(data: bytes) -> tuple[int, int, int, str] | None:
+  """(height, width, channels, encoding) from a PNG or JPEG header, None for anything else. Pure Python."""
+  if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 26 and data[12:16] == b"IHDR":
+    width, height = struct.unpack(">II", data[16:24])
+    channels = {0: 1, 4: 1}.get(data[25], 3)  # grey (+alpha) -> 1; RGB, palette, RGBA -> 3
+    return height, width, channels, "png"
+  if data[:2] == b"\xff\xd8":
+    i = 2
+    while i + 9 < len(data):
+      if data[i] != 0xFF:
+        return None
+      marker = data[i + 1]
+      length = struct.unpack(">H", data[i + 2:i + 4])[0]
+      if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+        height, width = struct.unpack(">HH", data[i + 5:i + 9])
+        return height, width, 1 if data[i + 9] == 1 else 3, "jpeg"
+      i += 2 + length
+  return None
+
+
+def _feature(column: _Column, data_format: str, config: InferenceConfig, *, log) -> dict[str, Any] | None:
+  name, kinds = column.name, column.kinds
+  if column.present == 0:
+    log(f"schema inference: {name!r} left out: no value in the sample")
+    return None
+  dominant = kinds.most_common(1)[0][0]
+  if len(kinds) > 1 and not set(kinds) <= {"number", "float_list", "int64_list"}:
+    if data_format in ("csv", "jsonl") and set(kinds) <= {"number", "text"}:
+      if kinds["number"] >= _NUMERIC_SHARE * (kinds["number"] + kinds["text"]):
+        value, where = column.first_text
+        raise UserError(f"column {name!r} holds numbers in {kinds['number']} of {column.present} sampled records "
+                        f"but {value!r} at {where}; fix or blank those values, or give the column's type in a "
+                        "schema.json")
+      dominant = "text"  # numbers and words mixed in one column: categorical
+    else:
+      raise UserError(f"column {name!r} mixes {', '.join(sorted(kinds))} values ({column.where}); write a "
+                      "schema.json (python -m trainer.schema_inference) that says which it is")
+  if dominant in ("number", "float_list", "int64_list"):
+    return _numeric_feature(column, data_format, log=log)
+  if dominant == "image":
+    (height, width, channels, encoding), count = column.images.most_common(1)[0]
+    if len(column.images) > 1:
+      log(f"schema inference: image {name!r} comes in {len(column.images)} sizes; {height}x{width} (the most "
+          "common) is used, others are resized to it")
+    return {"name": name, "type": "image", "shape": [height, width, channels], "encoding": encoding,
+            "max_value": 255}
+  if dominant == "raw_bytes":
+    return _raw_image_feature(column)
+  if dominant == "text":
+    return _categorical_feature(column, config, log=log)
+  raise UserError(f"column {name!r} holds values the trainer cannot use ({column.where}): expected numbers, "
+                  "text, fixed-length number arrays or PNG/JPEG bytes")
+
+
+def _numeric_feature(column: _Column, data_format: str, *, log) -> dict[str, Any] | None:
+  name = column.name
+  if len(column.lengths) > 1:
+    raise UserError(f"column {name!r} has {min(column.lengths)}..{max(column.lengths)} values per record "
+                    f"({column.where}); the trainer needs a fixed number: pad the lists, or write a schema.json")
+  size = next(iter(column.lengths))
+  count = column.lengths[size]
+  means = [s / count for s in column.sums]
+  stds = [math.sqrt(max(0.0, q / count - m * m)) for q, m in zip(column.squares, means)]
+  if all(s < 1e-12 for s in stds):
+    log(f"schema inference: {name!r} left out: it is constant in the sample")
+    return None
+  kind = "int" if data_format == "tfrecord" and column.kinds["int64_list"] else "float"
+  feature: dict[str, Any] = {"name": name, "type": kind}
+  if size > 1:
+    feature["shape"] = [size]
+    feature["mean"] = [round(m, 6) for m in means]
+    feature["std"] = [round(s, 6) if s >= 1e-12 else 1.0 for s in stds]
+    feature["default"] = round(sum(means) / size) if kind == "int" else 0.0
+  else:
+    feature["mean"], feature["std"] = round(means[0], 6), round(stds[0], 6)
+    feature["default"] = round(means[0]) if kind == "int" else round(means[0], 6)
+  if column.missing:
+    log(f"schema inference: {name!r} has {column.missing} missing value(s) in the sample; they take the "
+        f"default {feature['default']}")
+  return feature
+
+
+def _categorical_feature(column: _Column, config: InferenceConfig, *, log) -> dict[str, Any] | None:
+  name, counts = column.name, column.strings
+  distinct = len(counts)
+  if distinct > 100 and distinct > 0.5 * column.present:
+    log(f"schema inference: {name!r} left out: {distinct} distinct values in {column.present} records (an id "
+        "or free text, not a category)")
+    return None
+  kept = [value for value, count in sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+          if count >= config.vocab_min_count][:config.max_vocab_size]
+  if not kept:
+    log(f"schema inference: {name!r} left out: no value occurs {config.vocab_min_count}+ times in the sample")
+    return None
+  if len(kept) < distinct:
+    log(f"schema inference: {name!r}: {len(kept)} of {distinct} values kept in the vocabulary (seen "
+        f"{config.vocab_min_count}+ times); the rest map to the out-of-vocabulary id")
+  return {"name": name, "type": "string", "vocabulary": kept, "default": ""}
+
+
+def _raw_image_feature(column: _Column) -> dict[str, Any]:
+  if len(column.lengths) != 1:
+    raise UserError(f"column {column.name!r} holds raw bytes of {len(column.lengths)} different lengths "
+                    f"({column.where}); give its image shape in a schema.json")
+  size = next(iter(column.lengths))
+  for channels in (1, 3):
+    side = math.isqrt(size // channels)
+    if side * side * channels == size:
+      return {"name": column.name, "type": "image", "shape": [side, side, channels], "encoding": "raw",
+              "max_value": max(1, column.max_byte)}
+  raise UserError(f"column {column.name!r} holds {size} raw bytes per record ({column.where}), not a square "
+                  "image; give its shape in a schema.json")
+
+
+def _label(column: _Column, data_format: str, task: str, *, flag: str, log) -> dict[str, Any]:
+  name = column.name
+  if column.missing:
+    raise UserError(f"{flag}: label {name!r} is missing in {column.missing} sampled record(s) ({column.where} "
+                    "is the first record read); every record needs a label")
+  if column.kinds["text"]:
+    if task == "regression":
+      raise UserError(f"--task=regression: label {name!r} holds text (e.g. {column.strings.most_common(1)[0][0]!r})")
+    classes = sorted(column.strings)
+    if column.kinds["number"]:
+      raise UserError(f"{flag}: label {name!r} mixes numbers and text ({column.where}); use one kind of value")
+    if len(classes) < 2:
+      raise UserError(f"{flag}: label {name!r} has a single value {classes[0]!r} in the sample; a classifier "
+                      "needs 2 or more classes")
+    log(f"schema inference: label {name!r}: classification over {len(classes)} class names")
+    return {"name": name, "type": "string", "vocabulary": classes}
+  if not column.kinds["number"] or len(column.lengths) != 1 or next(iter(column.lengths)) != 1:
+    raise UserError(f"{flag}: label {name!r} must be one number or one string per record ({column.where})")
+  minimum, maximum, distinct = _label_range(column)
+  whole = column.integral and minimum >= 0
+  if task == "auto":
+    task = "classification" if whole and distinct <= MAX_CLASSES_GUESSED and maximum >= 1 else "regression"
+    log(f"schema inference: label {name!r}: {task} ({distinct} distinct value(s), {minimum:g}..{maximum:g}; "
+        f"--task={'regression' if task == 'classification' else 'classification'} to override)")
+  if task == "classification":
+    if not whole:
+      raise UserError(f"--task=classification: label {name!r} holds values that are not whole numbers >= 0 "
+                      f"({minimum:g}..{maximum:g}); class ids must be 0, 1, 2, ...")
+    if data_format == "tfrecord" and not column.kinds["int64_list"]:
+      raise UserError(f"{flag}: label {name!r} is a float_list; a classification label must be an int64_list "
+                      "or text")
+    return {"name": name, "type": "int", "num_classes": max(2, int(maximum) + 1)}
+  if data_format == "tfrecord" and column.kinds["int64_list"]:
+    raise UserError(f"{flag}: label {name!r} is an int64_list; a regression label must be a float_list "
+                    "(or pass --task=classification)")
+  return {"name": name, "type": "float"}
+
+
+def _label_range(column: _Column) -> tuple[float, float, int]:
+  return column.minimum, column.maximum, len(column.distinct)
+
+
+def main(argv: list[str] | None = None) -> int:
+  """`python -m trainer.schema_inference`: infer and write schema.json for review."""
+  import argparse  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+
+  from trainer import paths  # pylint: disable=g-import-not-at-top
+  from trainer import preflight  # pylint: disable=g-import-not-at-top
+  from trainer import storage  # pylint: disable=g-import-not-at-top
+
+  parser = argparse.ArgumentParser(prog="python -m trainer.schema_inference", description=__doc__.split("\n\n")[0])
+  parser.add_argument("--data", required=True, help="file pattern (local, gs://, /gcs/)")
+  parser.add_argument("--label", required=True, help="the label column")
+  parser.add_argument("--task", choices=TASKS, default="auto")
+  parser.add_argument("--data_format", choices=formats.FORMATS, default="auto")
+  parser.add_argument("--csv_columns", default=None, help="comma-separated CSV column names (files without header)")
+  parser.add_argument("--output", default=None, help="where to write schema.json (default: beside the data)")
+  parser.add_argument("--infer_sample_rows", type=int, default=InferenceConfig.sample_rows)
+  parser.add_argument("--vocab_min_count", type=int, default=InferenceConfig.vocab_min_count)
+  parser.add_argument("--max_vocab_size", type=int, default=InferenceConfig.max_vocab_size)
+  args = parser.parse_args(argv)
+  storage.configure_gcs(__import__("os").environ)
+  try:
+    pattern = paths.normalize_path(args.data)
+    files = preflight.list_files(pattern, flag="--data")
+    source = formats.resolve(files, requested=args.data_format, vertex_format=None, flag="--data")
+    if source.format == "csv":
+      columns = tuple(c.strip() for c in args.csv_columns.split(",")) if args.csv_columns else None
+      source = formats.csv_source(source, files[0], columns=columns, flag="--data")
+    config = InferenceConfig(label=args.label, task=args.task, sample_rows=args.infer_sample_rows,
+                             vocab_min_count=args.vocab_min_count, max_vocab_size=args.max_vocab_size)
+    check_inference_config(config)
+    schema = infer_schema(files, source, config, flag="--data", log=lambda line: print(line, file=sys.stderr))
+    output = args.output or paths.join_path(pattern.rsplit("/", 1)[0] if "/" in pattern else ".",
+                                            schema_lib.SCHEMA_FILE)
+    storage.write_json(paths.normalize_path(output), schema.to_dict())
+  except UserError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(json.dumps(schema.to_dict(), indent=2))
+  print(f"wrote {output}", file=sys.stderr)
+  return 0
+
+
+def check_inference_config(config: InferenceConfig) -> None:
+  if config.task not in TASKS:
+    raise UserError(f"--task={config.task!r}; expected one of {', '.join(TASKS)}")
+  for flag, value in (("--infer_sample_rows", config.sample_rows), ("--vocab_min_count", config.vocab_min_count),
+                      ("--max_vocab_size", config.max_vocab_size)):
+    if value < 1:
+      raise UserError(f"{flag} must be a positive integer, got {value}")
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
