@@ -63,6 +63,10 @@ def build(kind: str, pattern: str, schema_path: str, batch: int):
   if kind in ("a", "a0", "b"):
     return input_pipeline.make_dataset_fn(files, schema, source=formats.TFRECORD, global_batch_size=batch, training=True,
                                 seed=1)(None)
+  if "." in kind:  # scripts/bench_formats.py: "<format>.trainer" or "<format>.ceiling"
+    from scripts import bench_formats  # pylint: disable=g-import-not-at-top
+
+    return bench_formats.build(kind, files, schema, batch)
   kinds = {kind: tf.as_dtype(name) for kind, name in schema_lib.PARSE_DTYPES.items()}
   spec = {f.name: tf.io.FixedLenFeature([], kinds[f.type]) for f in schema.features}
   spec[schema.label.name] = tf.io.FixedLenFeature([], tf.int64)
@@ -190,8 +194,9 @@ def _cpu_seconds(pids: list[int]) -> float:
   return total / os.sysconf("SC_CLK_TCK")
 
 
-def _one_pass_rss(pattern: str, schema_path: str, batch: int, examples: int, env: dict) -> float:
-  out = subprocess.run([sys.executable, os.path.abspath(__file__), "_pass", "b", pattern, schema_path, str(batch),
+def one_pass_rss(kind: str, pattern: str, schema_path: str, batch: int, examples: int, env: dict) -> float:
+  """Peak RSS (MiB) of a fresh process that reads `examples` through pipeline `kind` once."""
+  out = subprocess.run([sys.executable, os.path.abspath(__file__), "_pass", kind, pattern, schema_path, str(batch),
                         str(examples)], env=env, capture_output=True, text=True, timeout=900, check=False)
   if out.returncode:
     raise SystemExit(f"error: the memory pass failed:\n{out.stderr[-3000:]}")
@@ -261,7 +266,7 @@ def main() -> None:
         peaks = turns.finish()
       finally:
         turns.close()
-      memory = {scale: _one_pass_rss(f"{d}/*.tfrecord", schema_path, args.batch_size,
+      memory = {scale: one_pass_rss("b", f"{d}/*.tfrecord", schema_path, args.batch_size,
                                      args.num_examples * (10 if scale == "10x" else 1), env)
                 for scale, d in (("1x", local_dir), ("10x", big_dir))}
   finally:

@@ -190,7 +190,7 @@ def test_jsonl_strings_arrays_booleans_and_escapes(tmp_path):
           {"city": "plain", "path": "c\\d", "flag": False, "v": [0, 0, 1], "y": -2, "extra": {"nested": [1]}},
           {"path": "e", "flag": None, "v": None, "y": 0}]
   path = tmp_path / "rows.jsonl"
-  path.write_text("".join(json.dumps(row) + "\n" for row in rows) + "\n")
+  path.write_text("".join(json.dumps(row) + "\n" for row in rows))
   schema = schema_lib.parse_schema({"features": [
       {"name": "city", "type": "string", "vocabulary": ['the "big" one', "plain"], "default": "plain"},
       {"name": "path", "type": "string", "vocabulary": ["a/b", "c\\d", "e"]},
@@ -342,6 +342,13 @@ def test_bad_records_deep_in_the_files_are_named(iris_files, tmp_path):
   assert _first_error(jsonl_path, schema) == (
       f"--train_data: {jsonl_path} line 101: label 'species' holds 'rosa', not one of the schema's classes "
       "(setosa, versicolor, virginica)")
+  with open(files["csv"]) as f:
+    lines = f.read().splitlines()
+  blank_path = str(tmp_path / "blank.csv")
+  with open(blank_path, "w") as f:
+    f.write("\n".join(lines[:90] + [""] + lines[90:]) + "\n")
+  assert _first_error(blank_path, schema) == (f"--train_data: {blank_path} line 91: the line is blank; expected a "
+                                              "record on every line (remove blank lines)")
   no_label = frame.drop(columns=["species"]).iloc[:3]
   missing_path = str(tmp_path / "nolabel.jsonl")
   no_label.to_json(missing_path, orient="records", lines=True)

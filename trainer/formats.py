@@ -52,6 +52,9 @@ class Source:
 
 
 TFRECORD = Source("tfrecord")
+# Keys of the records `iter_records` yields for a line that holds no record (checked by preflight.record_problem).
+BLANK_LINE = "\0blank line"
+FIELD_COUNT = "\0field count"
 
 
 def compression_of(path: str, *, flag: str) -> str:
@@ -279,6 +282,8 @@ def is_number(text: str) -> bool:
 def head_rows(path: str, compression: str, *, flag: str, limit: int) -> list[list[str]]:
   rows = []
   for _, row in iter_csv(path, compression, flag=flag):
+    if not row:
+      continue
     rows.append(row)
     if len(rows) >= limit:
       break
@@ -286,13 +291,12 @@ def head_rows(path: str, compression: str, *, flag: str, limit: int) -> list[lis
 
 
 def iter_csv(path: str, compression: str, *, flag: str) -> Iterator[tuple[int, list[str]]]:
-  """(line number, fields) of every non-empty row."""
+  """(line number, fields) of every row; a blank line is an empty row."""
   with open_text(path, compression, flag=flag) as f:
     try:
       reader = csv.reader(f)
       for row in reader:
-        if row:
-          yield reader.line_num, row
+        yield reader.line_num, row
     except UnicodeDecodeError as e:
       raise UserError(f"{flag}: {path} is not UTF-8 text (byte {e.start}); expected a CSV file") from None
     except (OSError, EOFError, zlib.error) as e:
@@ -312,7 +316,13 @@ def iter_records(path: str, source: Source, *, flag: str) -> Iterator[tuple[str,
     if source.header:
       next(rows, None)
     for line, row in rows:
-      yield f"line {line}", dict(zip(source.columns, row + [""] * (len(source.columns) - len(row))))
+      if not row:
+        yield f"line {line}", {BLANK_LINE: True}
+        continue
+      if len(row) != len(source.columns):
+        yield f"line {line}", {FIELD_COUNT: len(row)}
+        continue
+      yield f"line {line}", dict(zip(source.columns, row))
   elif source.format == "jsonl":
     yield from _iter_jsonl(path, source.compression, flag=flag)
   else:
@@ -325,6 +335,7 @@ def _iter_jsonl(path: str, compression: str, *, flag: str):
     try:
       for line_number, line in enumerate(f, start=1):
         if not line.strip():
+          yield f"line {line_number}", {BLANK_LINE: True}
           continue
         try:
           value = json.loads(line)

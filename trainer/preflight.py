@@ -193,6 +193,10 @@ def record_problem(record: dict[str, Any], schema: schema_lib.Schema, source: fo
   """Why `record` (as `formats.iter_records` yields it) does not fit the schema, or None."""
   from trainer import schema_inference  # pylint: disable=g-import-not-at-top
 
+  if formats.BLANK_LINE in record:
+    return "the line is blank; expected a record on every line (remove blank lines)"
+  if formats.FIELD_COUNT in record:
+    return f"the row has {record[formats.FIELD_COUNT]} fields, the CSV {len(source.columns)} columns"
   label = schema.label
   for name in schema.columns:
     feature = None if name == label.name else schema.feature(name)

@@ -97,10 +97,14 @@ def sample_records(files: list[str], source: formats.Source, *, limit: int, flag
   taken: list[tuple[str, dict[str, Any]]] = []
   for path in files[:_MAX_FILES_READ]:
     wanted = min(share, limit - len(taken))
-    for i, (where, record) in enumerate(formats.iter_records(path, source, flag=flag)):
-      if i >= wanted:
+    read = 0
+    for where, record in formats.iter_records(path, source, flag=flag):
+      if read >= wanted:
         break
+      if formats.BLANK_LINE in record or formats.FIELD_COUNT in record:
+        continue  # training reports it, with its line
       taken.append((f"{path} {where}", record))
+      read += 1
     if len(taken) >= limit:
       break
   if not taken:
