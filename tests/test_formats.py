@@ -451,3 +451,30 @@ def test_every_format_and_compression_reads_alike_on_gcs(iris_files, gcs, tmp_pa
   assert gcs_schema == schema_inference.infer_schema([files["jsonl_gz"]], _source(files["jsonl_gz"]),
                                                      schema_inference.InferenceConfig(label="species"), flag="f",
                                                      log=lambda _: None)
+
+
+def test_multi_valued_numbers_in_tfrecord(tmp_path):
+  """A float_list of 4 per Example (an embedding, as Beam and TFX write one) is one feature of shape [4]."""
+  rng = np.random.default_rng(0)
+  vectors = rng.normal(size=(50, 4)).astype(np.float32)
+  path = str(tmp_path / "vectors.tfrecord")
+  with tf.io.TFRecordWriter(path) as writer:
+    for i, vector in enumerate(vectors):
+      writer.write(tf.train.Example(features=tf.train.Features(feature={
+          "embedding": tf.train.Feature(float_list=tf.train.FloatList(value=vector)),
+          "y": tf.train.Feature(float_list=tf.train.FloatList(value=[float(vector.sum())]))})).SerializeToString())
+  schema = schema_inference.infer_schema([path], _source(path), schema_inference.InferenceConfig(label="y"),
+                                         flag="f", log=lambda _: None)
+  embedding = schema.feature("embedding")
+  assert embedding.shape == (4,) and schema.task == "regression"
+  np.testing.assert_allclose(embedding.mean, vectors.mean(axis=0), atol=1e-5)
+  features, labels = _read_all(path, schema, _source(path))
+  np.testing.assert_array_equal(features["embedding"], vectors)
+  np.testing.assert_allclose(labels, vectors.sum(axis=1), rtol=1e-6)
+  from trainer import config as config_lib  # pylint: disable=g-import-not-at-top
+  from trainer import models  # pylint: disable=g-import-not-at-top
+
+  model = models.build_tabular(schema, config_lib.ModelConfig())
+  standardized = model.get_layer("embedding_std")(features["embedding"]).numpy()
+  np.testing.assert_allclose(standardized.mean(axis=0), 0, atol=1e-5)
+  np.testing.assert_allclose(standardized.std(axis=0), 1, atol=1e-4)
