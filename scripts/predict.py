@@ -160,7 +160,7 @@ def _shape_text(shape: list[int] | None) -> str:
 
 def _jsonable(value: Any) -> Any:
   value = np.asarray(value)
-  if value.dtype == object:
+  if value.dtype == object or value.dtype.kind == "S":  # string outputs (e.g. class_name), whole or one row's
     return [v.decode(errors="replace") for v in value.ravel()] if value.ndim else value.item().decode(errors="replace")
   return value.tolist()
 
