@@ -47,9 +47,7 @@ def build(kind: str, files: list[str], schema, batch: int):
   from trainer import formats, input_pipeline  # pylint: disable=g-import-not-at-top
 
   fmt, variant = kind.split(".")
-  source = formats.resolve(files, requested="auto", vertex_format=None, flag="bench")
-  if source.format == "csv":
-    source = formats.csv_source(source, files[0], columns=None, flag="bench")
+  source = formats.source_for(files, flag="bench")
   if variant in ("trainer", "gcs"):
     return input_pipeline.make_dataset_fn(files, schema, source=source, global_batch_size=batch, training=True,
                                           seed=1)(None)
@@ -152,8 +150,7 @@ def time_inference(local_dir: str, scratch: str, rows: int) -> tuple[float, int]
       f.write("\n".join(chunk) + "\n")
       written += len(chunk)
   start = time.perf_counter()
-  source = formats.csv_source(formats.resolve([path], requested="auto", vertex_format=None, flag="bench"), path,
-                              columns=None, flag="bench")
+  source = formats.source_for([path], flag="bench")
   config = schema_inference.InferenceConfig(label="churned")
   schema_inference.infer_schema([path], source, config, flag="bench", log=lambda _: None)
   return time.perf_counter() - start, config.sample_rows

@@ -61,8 +61,8 @@ def build(kind: str, pattern: str, schema_path: str, batch: int):
   schema = schema_lib.load_schema(schema_path)
   files = sorted(tf.io.gfile.glob(pattern))
   if kind in ("a", "a0", "b"):
-    return input_pipeline.make_dataset_fn(files, schema, source=formats.TFRECORD, global_batch_size=batch, training=True,
-                                seed=1)(None)
+    return input_pipeline.make_dataset_fn(files, schema, source=formats.TFRECORD, global_batch_size=batch,
+                                          training=True, seed=1)(None)
   if "." in kind:  # scripts/bench_formats.py: "<format>.trainer" or "<format>.ceiling"
     from scripts import bench_formats  # pylint: disable=g-import-not-at-top
 

@@ -223,9 +223,7 @@ def _infer_schema(sources: list[str], label: str, task: str) -> schema_lib.Schem
   from trainer import formats  # pylint: disable=g-import-not-at-top
   from trainer import schema_inference  # pylint: disable=g-import-not-at-top
 
-  source = formats.resolve(sources, requested="auto", vertex_format=None, flag="--source")
-  if source.format == "csv":
-    source = formats.csv_source(source, sources[0], columns=None, flag="--source")
+  source = formats.source_for(sources, flag="--source")
   if source.format == "csv" and not source.header:
     raise StageError(f"--source: {sources[0]} has no header row; stage_data converts CSV with a header (the "
                      "trainer reads headerless CSV itself, with --csv_columns)")

@@ -7,6 +7,7 @@ TensorFlow's own writers the way users' pipelines write it, not by this project'
 from __future__ import annotations
 
 import base64
+import dataclasses
 import gzip
 import io
 import json
@@ -66,10 +67,7 @@ def iris_files(tmp_path_factory):
 
 
 def _source(path: str, *, requested: str = "auto", columns=None) -> formats.Source:
-  source = formats.resolve([path], requested=requested, vertex_format=None, flag="--train_data")
-  if source.format == "csv":
-    source = formats.csv_source(source, path, columns=columns, flag="--train_data")
-  return source
+  return formats.source_for([path], requested=requested, columns=columns, flag="--train_data")
 
 
 @pytest.mark.parametrize("name,expected", [
@@ -138,7 +136,7 @@ def test_inferred_iris_schema(iris_files):
     other = schema_inference.infer_schema([files[name]], _source(files[name]),
                                           schema_inference.InferenceConfig(label="species"), flag="f",
                                           log=lambda _: None)
-    by_name = lambda s: {f.name: _rounded(dataclasses_replace(f).__dict__) for f in s.features}  # noqa: E731
+    by_name = lambda s: {f.name: _rounded(dataclasses.replace(f).__dict__) for f in s.features}  # noqa: E731
     assert by_name(other) == by_name(schema) and other.label == schema.label, name
   # The written file reads back as the same schema.
   assert schema_lib.parse_schema(json.loads(json.dumps(schema.to_dict())), source="x") == schema
@@ -173,15 +171,9 @@ def test_every_format_reads_the_same_examples(iris_files):
     np.testing.assert_allclose(features["sepal_width__cm_"], widths, rtol=1e-6, err_msg=name)
     np.testing.assert_allclose(features["petal_length__cm_"], frame["petal length (cm)"], rtol=1e-6, err_msg=name)
   # A headerless file reads in the schema's column order.
-  headerless = dataclasses_replace(_source(files["csv_no_header"]), columns=schema.columns)
+  headerless = dataclasses.replace(_source(files["csv_no_header"]), columns=schema.columns)
   features, labels = _read_all(files["csv_no_header"], schema, headerless)
   np.testing.assert_array_equal(labels, expected_labels)
-
-
-def dataclasses_replace(source, **changes):
-  import dataclasses  # pylint: disable=g-import-not-at-top
-
-  return dataclasses.replace(source, **changes)
 
 
 def test_jsonl_strings_arrays_booleans_and_escapes(tmp_path):

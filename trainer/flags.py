@@ -13,6 +13,7 @@ from absl import flags
 
 from trainer import config as config_lib
 from trainer import paths
+from trainer import schema as schema_lib
 from trainer.errors import UserError
 
 
@@ -182,7 +183,7 @@ def _vertex_data_format(env: config_lib.Environment, requested: str, train_patte
 
 def _default_schema_path(train_pattern: str) -> str:
   directory = train_pattern.rsplit("/", 1)[0] if "/" in train_pattern else "."
-  return paths.join_path(directory, "schema.json")
+  return paths.join_path(directory, schema_lib.SCHEMA_FILE)
 
 
 def _pick_dir(flag: str, explicit: str | None, from_env: str | None, output_dir: str | None, leaf: str) -> str:

@@ -23,7 +23,6 @@ from trainer.errors import UserError
 from trainer.errors import first_line
 
 FORMATS = ("auto", "tfrecord", "csv", "jsonl")
-DATA_FORMATS = FORMATS[1:]
 # AIP_DATA_FORMAT values (Vertex managed datasets) -> ours; bigquery is refused with its own message.
 VERTEX_FORMATS = {"csv": "csv", "jsonl": "jsonl", "tf-record": "tfrecord", "tfrecord": "tfrecord"}
 _EXTENSIONS = {".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".tfrec": "tfrecord", ".csv": "csv",
@@ -117,6 +116,15 @@ def resolve(files: list[str], *, requested: str, vertex_format: str | None, flag
       raise UserError(f"{flag}: the pattern mixes {a} ({pa}) and {b} ({pb}) files; point it at one format")
     data_format = next(iter(claimed), None) or _sniff_format(files[0], compression, flag=flag)
   return Source(data_format, compression)
+
+
+def source_for(files: list[str], *, requested: str = "auto", columns: tuple[str, ...] | None = None,
+               flag: str) -> Source:
+  """`resolve`, then (CSV) `csv_source` on the first file: how tools outside a training run read a pattern."""
+  source = resolve(files, requested=requested, vertex_format=None, flag=flag)
+  if source.format == "csv":
+    source = csv_source(source, files[0], columns=columns, flag=flag)
+  return source
 
 
 def _one_compression(files: list[str], *, flag: str) -> str:

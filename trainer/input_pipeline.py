@@ -23,9 +23,6 @@ _MAX_PARALLEL_FILES = 16
 _READ_BUFFER_BYTES = 1 << 20  # large reads: few requests per gs:// object
 
 
-CHECK_PREFIX = features_lib.CHECK_PREFIX
-
-
 def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, source: formats.Source, global_batch_size: int,
                     training: bool, shuffle_buffer: int = 10_000, seed: int | None = None,
                     repeat: bool | None = None,
@@ -279,8 +276,8 @@ def _jsonl_columns(lines, schema: schema_lib.Schema):
     feature = None if name == schema.label.name else schema.feature(name)
     default = feature.default if feature is not None else None
     if default is None:
-      check = tf.debugging.Assert(tf.reduce_all(present), [f"{CHECK_PREFIX} JSONL column {name!r} is missing, "
-                                                           "null or not a " + kind])
+      check = tf.debugging.Assert(tf.reduce_all(present), [
+          f"{features_lib.CHECK_PREFIX} JSONL column {name!r} is missing, null or not a {kind}"])
       with tf.control_dependencies([check]):
         text = tf.identity(text)
     if kind == "string":
@@ -298,7 +295,7 @@ def _jsonl_columns(lines, schema: schema_lib.Schema):
       parts = tf.strings.split(tf.where(present, text, ",".join(["0"] * size)), ",")
       check = tf.debugging.Assert(
           tf.reduce_all(tf.logical_or(parts.row_lengths() == size, tf.logical_not(present))),
-          [f"{CHECK_PREFIX} JSONL column {name!r} must hold {size} numbers"])
+          [f"{features_lib.CHECK_PREFIX} JSONL column {name!r} must hold {size} numbers"])
       with tf.control_dependencies([check]):
         numbers = tf.strings.to_number(tf.strings.strip(parts), tf.float32).to_tensor(shape=[None, size])
       columns[name] = (numbers if default is None else

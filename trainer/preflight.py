@@ -19,12 +19,15 @@ from trainer import features as features_lib
 from trainer import formats
 from trainer import paths
 from trainer import schema as schema_lib
+from trainer import schema_inference
 from trainer.errors import UserError
 from trainer.errors import first_line
 
 
 # Files a pattern such as gs://b/data/* also matches that are not data: the schema beside it.
-_NOT_DATA = ("schema.json", "schema.pbtxt")
+_NOT_DATA = (schema_lib.SCHEMA_FILE, "schema.pbtxt")
+# The run record the runner writes beside the checkpoints (its schema is reused when a run restarts).
+RUN_RECORD_FILE = "trainer_config.json"
 
 
 def list_files(pattern: str, *, flag: str) -> list[str]:
@@ -155,9 +158,7 @@ def _infer_schema(config: config_lib.Config, files: list[str],
 
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from trainer import schema_inference  # pylint: disable=g-import-not-at-top
-
-  record_path = paths.join_path(config.output.checkpoint_dir, "trainer_config.json")
+  record_path = paths.join_path(config.output.checkpoint_dir, RUN_RECORD_FILE)
   if tf.io.gfile.exists(record_path):
     try:
       with tf.io.gfile.GFile(record_path) as f:
@@ -191,8 +192,6 @@ def check_first_record(path: str, source: formats.Source, schema: schema_lib.Sch
 
 def record_problem(record: dict[str, Any], schema: schema_lib.Schema, source: formats.Source) -> str | None:
   """Why `record` (as `formats.iter_records` yields it) does not fit the schema, or None."""
-  from trainer import schema_inference  # pylint: disable=g-import-not-at-top
-
   if formats.BLANK_LINE in record:
     return "the line is blank; expected a record on every line (remove blank lines)"
   if formats.FIELD_COUNT in record:
@@ -225,13 +224,13 @@ def record_problem(record: dict[str, Any], schema: schema_lib.Schema, source: fo
       if feature is not None and feature.default is not None:
         continue
       return f"column {name!r} is empty" + ("" if feature is None else " and the schema gives it no default")
-    problem = _value_problem(name, kind, value, feature, label, source, schema_inference)
+    problem = _value_problem(name, kind, value, feature, label, source)
     if problem:
       return problem
   return None
 
 
-def _value_problem(name, kind, value, feature, label, source, schema_inference) -> str | None:
+def _value_problem(name, kind, value, feature, label, source) -> str | None:
   import base64  # pylint: disable=g-import-not-at-top
 
   what = "feature" if source.format == "tfrecord" else "column"

@@ -32,14 +32,15 @@ from trainer import hypertune
 from trainer import models
 from trainer import plan as plan_lib
 from trainer import preflight
+from trainer import schema as schema_lib
 from trainer import servers
 from trainer import storage
 from trainer import strategy as strategy_lib
 from trainer.errors import UserError
 
 METRICS_FILE = "eval_metrics.json"
-CONFIG_FILE = "trainer_config.json"
-SCHEMA_FILE = "schema.json"
+CONFIG_FILE = preflight.RUN_RECORD_FILE
+SCHEMA_FILE = schema_lib.SCHEMA_FILE
 
 
 def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool = False,

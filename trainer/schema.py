@@ -200,7 +200,8 @@ def parse_schema(value: Any, *, source: str) -> Schema:
   if label_type == "string":
     label_vocabulary = raw_label.get("vocabulary")
     if (not isinstance(label_vocabulary, list) or len(label_vocabulary) < 2
-        or not all(isinstance(v, str) for v in label_vocabulary) or len(set(label_vocabulary)) != len(label_vocabulary)):
+        or not all(isinstance(v, str) for v in label_vocabulary)
+        or len(set(label_vocabulary)) != len(label_vocabulary)):
       raise UserError(f"schema {source}: string label {raw_label['name']!r} needs a 'vocabulary' of 2 or more "
                       f"distinct class names, got {label_vocabulary!r}")
     label_vocabulary = tuple(label_vocabulary)

@@ -382,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
   """`python -m trainer.schema_inference`: infer and write schema.json for review."""
   import argparse  # pylint: disable=g-import-not-at-top
   import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
 
   from trainer import paths  # pylint: disable=g-import-not-at-top
@@ -399,14 +400,12 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--vocab_min_count", type=int, default=InferenceConfig.vocab_min_count)
   parser.add_argument("--max_vocab_size", type=int, default=InferenceConfig.max_vocab_size)
   args = parser.parse_args(argv)
-  storage.configure_gcs(__import__("os").environ)
+  storage.configure_gcs(os.environ)
   try:
     pattern = paths.normalize_path(args.data)
     files = preflight.list_files(pattern, flag="--data")
-    source = formats.resolve(files, requested=args.data_format, vertex_format=None, flag="--data")
-    if source.format == "csv":
-      columns = tuple(c.strip() for c in args.csv_columns.split(",")) if args.csv_columns else None
-      source = formats.csv_source(source, files[0], columns=columns, flag="--data")
+    columns = tuple(c.strip() for c in args.csv_columns.split(",")) if args.csv_columns else None
+    source = formats.source_for(files, requested=args.data_format, columns=columns, flag="--data")
     config = InferenceConfig(label=args.label, task=args.task, sample_rows=args.infer_sample_rows,
                              vocab_min_count=args.vocab_min_count, max_vocab_size=args.max_vocab_size)
     check_inference_config(config)

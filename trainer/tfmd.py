@@ -35,8 +35,9 @@ def schema_from_text(text: str, *, label: str | None, source: str) -> dict[str, 
   if label is None:
     outside_serving = [f.name for f in proto.feature if "SERVING" in f.not_in_environment]
     if len(outside_serving) != 1:
-      raise UserError(f"schema {source}: pass --label to say which feature is the label (a TFX schema marks none"
-                      f"{'' if not outside_serving else '; several are kept out of SERVING: ' + ', '.join(outside_serving)})")
+      several = f"; several are kept out of SERVING: {', '.join(outside_serving)}" if outside_serving else ""
+      raise UserError(f"schema {source}: pass --label to say which feature is the label (a TFX schema marks "
+                      f"none{several})")
     label = outside_serving[0]
   names = [f.name for f in proto.feature]
   if label not in names:
