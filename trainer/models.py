@@ -76,6 +76,7 @@ def resolve_builder(name: str) -> Callable[..., Any]:
                       f"{first_line(e)}") from None
     if not isinstance(model, tf.keras.Model):
       raise UserError(f"--model={name!r}: build_fn returned {type(model).__name__}, expected a keras.Model")
+    model = adapt_to_contract(model, schema, flag=f"--model={name!r}")
     check_outputs(model, schema, flag=f"--model={name!r}")
     return model
 
@@ -130,6 +131,147 @@ def check_outputs(model, schema: schema_lib.Schema, *, flag: str) -> None:
   if not fits:
     raise UserError(f"{flag}: on a batch of {size} the model outputs shape {shape}; the task needs {what}, "
                     f"shape {expected}")
+
+
+# ----- the plug-in contract, as tutorials write models --------------------------------------------------------
+
+_PROBABILITY_ACTIVATIONS = ("softmax", "sigmoid")
+
+
+def output_activation(model) -> str | None:
+  """"softmax" or "sigmoid" when the model's output layer ends in one (a Dense activation, an Activation or
+  Softmax layer), else None: the outputs are logits (or regression values)."""
+  layer = None
+  outputs = getattr(model, "outputs", None) or []
+  history = getattr(outputs[0], "_keras_history", None) if len(outputs) == 1 else None
+  if history is not None:
+    layer = history[0]
+  elif getattr(model, "layers", None):
+    layer = model.layers[-1]
+  while layer is not None and getattr(layer, "layers", None) and not getattr(layer, "activation", None):
+    layer = layer.layers[-1]  # a nested Sequential or functional block: its own last layer
+  if layer is None:
+    return None
+  if type(layer).__name__ == "Softmax":
+    return "softmax"
+  activation = getattr(layer, "activation", None)
+  name = activation if isinstance(activation, str) else getattr(activation, "__name__", None)
+  return name if name in _PROBABILITY_ACTIVATIONS else None
+
+
+def _numeric_features(schema: schema_lib.Schema) -> list[schema_lib.Feature]:
+  return [f for f in schema.features if f.type in ("float", "int")]
+
+
+def adapt_to_contract(model, schema: schema_lib.Schema, *, flag: str):
+  """The model as the trainer calls it (a dict of encoded features in, logits out), wrapping what tutorials write:
+  probability outputs (a final softmax, or sigmoid over one unit), one unit for a two-class task (a logit), a
+  model over one vector of the numeric features (a Sequential), inputs that take raw strings (the model looks them
+  up itself). A model that already fits is returned as it is (its checkpoints keep their names)."""
+  names = input_names(model)
+  features = {f.input_name: f for f in schema.features}
+  input_mode = "dict"
+  if names is None and _is_unbuilt_sequential(model):
+    input_mode = "vector"
+  elif names is not None and not set(names) <= set(features):
+    numeric_size = sum(f.values_per_example for f in _numeric_features(schema))
+    shape = tuple(model.inputs[0].shape) if len(names) == 1 else ()
+    if len(names) == 1 and len(shape) == 2 and shape[1] == numeric_size:
+      input_mode = "vector"
+    else:
+      unknown = [n for n in names if n not in features]
+      raise UserError(f"{flag}: the model takes input(s) named {', '.join(unknown)}"
+                      f"{' of shape ' + str(shape) if len(names) == 1 else ''}, which are not features of the "
+                      f"schema ({', '.join(features)}); name each keras.Input after the feature it takes, or take "
+                      f"one vector of the {numeric_size} numeric value(s) (shape (None, {numeric_size}))")
+  string_inputs = tuple(name for name, tensor in zip(names or (), getattr(model, "inputs", None) or ())
+                        if name in features and features[name].is_categorical
+                        and "string" in str(getattr(tensor, "dtype", "")))
+  activation = output_activation(model) if schema.task == "classification" else None
+  units = _output_units(model, schema)
+  binary = schema.task == "classification" and schema.label.num_classes == 2 and units == 1
+  if activation == "sigmoid" and units not in (1, None):
+    raise UserError(f"{flag}: the model ends in a sigmoid over {units} units (independent probabilities, a "
+                    f"multi-label output); a classifier of label {schema.label.name!r} needs softmax over "
+                    f"{schema.label.num_classes} units, one sigmoid unit for two classes, or logits")
+  if input_mode == "dict" and not string_inputs and activation is None and not binary:
+    return model
+  return _ContractAdapter(model, schema, input_mode=input_mode, string_inputs=string_inputs,
+                          activation=activation, binary=binary)
+
+
+def _is_unbuilt_sequential(model) -> bool:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  return isinstance(model, tf.keras.Sequential) and not getattr(model, "inputs", None)
+
+
+def _output_units(model, schema: schema_lib.Schema) -> int | None:
+  outputs = getattr(model, "outputs", None)
+  if outputs and len(outputs) == 1 and outputs[0].shape and len(outputs[0].shape) == 2:
+    return outputs[0].shape[-1]
+  if _is_unbuilt_sequential(model) and getattr(model.layers[-1], "units", None):
+    return model.layers[-1].units
+  del schema
+  return None
+
+
+def _contract_layers():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  class IdsToStrings(tf.keras.layers.Layer):
+    """Vocabulary ids back to the strings a model looks up itself (id i + 1 is entry i; 0, out of vocabulary, is
+    "", which a StringLookup also maps to its out-of-vocabulary index)."""
+
+    def __init__(self, vocabulary, **kwargs):
+      super().__init__(**kwargs)
+      self._vocabulary = ("",) + tuple(vocabulary)
+
+    def call(self, ids):
+      return tf.gather(tf.constant(self._vocabulary), tf.cast(ids, tf.int64))
+
+  class ToLogits(tf.keras.layers.Layer):
+    """Probabilities (softmax, or one sigmoid unit) or one binary logit, as logits over the classes."""
+
+    def __init__(self, activation, binary, **kwargs):
+      super().__init__(**kwargs)
+      self._activation, self._binary = activation, binary
+
+    def call(self, outputs):
+      outputs = tf.cast(outputs, tf.float32)
+      tiny = 1e-7  # probabilities of exactly 0 or 1 would be infinite logits
+      if self._activation == "sigmoid" or self._binary:
+        outputs = tf.reshape(outputs, [-1, 1])
+        if self._activation == "sigmoid":
+          p = tf.clip_by_value(outputs, tiny, 1 - tiny)
+          return tf.concat([tf.math.log(1 - p), tf.math.log(p)], axis=-1)  # softmax of these is [1 - p, p]
+        return tf.concat([tf.zeros_like(outputs), outputs], axis=-1)  # softmax([0, z]) = [1 - sigmoid z, sigmoid z]
+      return tf.math.log(tf.clip_by_value(outputs, tiny, 1.0))  # softmax(log p) = p
+
+  return IdsToStrings, ToLogits
+
+
+def _ContractAdapter(model, schema, *, input_mode, string_inputs, activation, binary):  # pylint: disable=invalid-name
+  """A functional model over the schema's named inputs that feeds `model` what it takes and returns logits."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  ids_to_strings, to_logits = _contract_layers()
+  inputs = model_inputs(schema)
+  if input_mode == "vector":
+    numeric = _numeric_features(schema)
+    columns = [tf.keras.layers.Reshape((f.values_per_example,))(inputs[f.input_name]) for f in numeric]
+    taken = {f.input_name: inputs[f.input_name] for f in numeric}
+    fed = tf.keras.layers.Concatenate(name="numeric_vector")(columns) if len(columns) > 1 else columns[0]
+  else:
+    names = input_names(model)
+    taken = {name: inputs[name] for name in names}
+    by_name = {f.input_name: f for f in schema.features}
+    fed = {name: (ids_to_strings(by_name[name].vocabulary, name=f"{name}_strings")(tensor)
+                  if name in string_inputs else tensor) for name, tensor in taken.items()}
+  outputs = model(fed)
+  if activation is not None or binary:
+    outputs = to_logits(activation, binary, name="to_logits")(outputs)
+  return tf.keras.Model(taken, outputs, name="contract_adapter")
 
 
 def output_units(schema: schema_lib.Schema) -> int:

@@ -1,0 +1,56 @@
+"""Plug-in models written the way the Keras tutorials write them (`--model=tutorial_models:NAME`): probability
+outputs, one sigmoid unit, Sequential over one vector of numbers, raw strings looked up inside the model."""
+
+import keras
+
+
+def _numeric_size(schema):
+  return sum(f.shape[0] if f.shape else 1 for f in schema.features if f.type in ("float", "int"))
+
+
+def sequential_softmax(schema, hparams):
+  """keras.io "classification from scratch": a Sequential over one feature vector, softmax out."""
+  del hparams
+  return keras.Sequential([keras.Input((_numeric_size(schema),)), keras.layers.Dense(16, activation="relu"),
+                           keras.layers.Dense(schema.label.num_classes, activation="softmax")])
+
+
+def sequential_unbuilt(schema, hparams):
+  """No Input at all (built on its first call), ending in a Softmax layer."""
+  del hparams
+  return keras.Sequential([keras.layers.Dense(16, activation="relu"),
+                           keras.layers.Dense(schema.label.num_classes), keras.layers.Softmax()])
+
+
+def binary_sigmoid(schema, hparams):
+  """"Structured data classification": named inputs, one sigmoid unit for a two-class label."""
+  del hparams
+  inputs = {f.name: keras.Input((), name=f.name) for f in schema.features if f.type != "string"}
+  x = keras.layers.Concatenate()([
+      keras.layers.Normalization(mean=f.mean or 0.0, variance=(f.std or 1.0) ** 2)(
+          keras.layers.Reshape((1,))(inputs[f.name])) for f in schema.features if f.type != "string"])
+  x = keras.layers.Dense(16, activation="relu")(x)
+  return keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(x))
+
+
+def raw_strings(schema, hparams):
+  """Preprocessing inside the model: StringLookup on raw strings, Normalization on numbers; softmax out."""
+  del hparams
+  inputs, parts = {}, []
+  for f in schema.features:
+    if f.type == "string":
+      inputs[f.name] = keras.Input((), dtype="string", name=f.name)
+      ids = keras.layers.StringLookup(vocabulary=list(f.vocabulary))(inputs[f.name])
+      parts.append(keras.layers.Embedding(len(f.vocabulary) + 1, 4)(ids))
+    else:
+      inputs[f.name] = keras.Input((), name=f.name)
+      parts.append(keras.layers.Normalization(mean=f.mean or 0.0, variance=(f.std or 1.0) ** 2)(
+          keras.layers.Reshape((1,))(inputs[f.name])))
+  x = keras.layers.Dense(16, activation="relu")(keras.layers.Concatenate()(parts))
+  return keras.Model(inputs, keras.layers.Dense(schema.label.num_classes, activation="softmax")(x))
+
+
+def sigmoid_over_three(schema, hparams):
+  """A multi-label head on a single-label task: refused."""
+  del hparams
+  return keras.Sequential([keras.Input((_numeric_size(schema),)), keras.layers.Dense(3, activation="sigmoid")])
