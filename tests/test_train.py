@@ -186,17 +186,17 @@ def test_dry_run_prints_one_json_object(churn_data, tmp_path):
 BAD_OUTPUT_PLUGIN = '''
 import tensorflow as tf
 
-def build(schema, hparams):  # one output unit for a two-class task
+def build(schema, hparams):  # three output units for a two-class task
   inputs = {f.name: tf.keras.Input((), name=f.name) for f in schema.features if f.type != "string"}
   x = tf.keras.layers.Concatenate()([tf.keras.layers.Reshape((1,))(v) for v in inputs.values()])
-  return tf.keras.Model(inputs, tf.keras.layers.Dense(1)(x))
+  return tf.keras.Model(inputs, tf.keras.layers.Dense(3)(x))
 
 def build_broken(schema, hparams):  # a bug in the user's own code
   x = tf.keras.Input((3,), name="tenure_months")
   return tf.keras.Model(x, tf.keras.layers.Dense(2)(tf.cast(x, "float64")))
 
-def build_unnamed(schema, hparams):  # a keras.Input named after no feature
-  x = tf.keras.Input((3,))
+def build_unnamed(schema, hparams):  # a keras.Input named after no feature, wider than the numeric vector
+  x = tf.keras.Input((7,))
   return tf.keras.Model(x, tf.keras.layers.Dense(2)(x))
 '''
 
@@ -263,10 +263,11 @@ def _bad_cases(churn_data, tmp_path):
        r"^error: --train_data: .*/truncated/b.tfrecord cannot be read as TFRecord after record 999 \(truncated "
        r"record at \d+"),
       ("plugin_output_shape", good + ["--model=bad_models:build"], plugin_env,
-       r"^error: --model='bad_models:build': on a batch of 2 the model outputs shape \(2, 1\); the task needs "
+       r"^error: --model='bad_models:build': on a batch of 2 the model outputs shape \(2, 3\); the task needs "
        r"logits over the 2 classes of label 'churned', shape \(2, 2\)$"),
       ("plugin_input_names", good + ["--model=bad_models:build_unnamed"], plugin_env,
-       r"^error: --model='bad_models:build_unnamed': the model takes input\(s\) named \w+, which are not features"),
+       r"^error: --model='bad_models:build_unnamed': the model takes input\(s\) named \w+ of shape \(None, 7\), which are "
+       r"not features .*or take one vector of the 3 numeric value\(s\)"),
       ("plugin_raises", good + ["--model=bad_models:build_broken"], plugin_env,
        r"^error: --model='bad_models:build_broken': build_fn raised ValueError at bad_models.py line \d+: A "
        r"KerasTensor cannot be used as input to a TensorFlow function"),
