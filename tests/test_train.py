@@ -43,7 +43,7 @@ def test_train_export_reload_predict(churn_data, tmp_path):
   assert tags == {"loss": "scalars", "learning_rate": "scalars", "examples_per_sec": "scalars"}
   (eval_events,) = glob.glob(str(out / "logs" / "eval" / "events.out.tfevents.*"))
   assert {v.tag for e in tf.compat.v1.train.summary_iterator(eval_events) for v in e.summary.value} == {
-      "loss", "accuracy", "examples"}
+      "loss", "accuracy", "examples", "auc", "precision", "recall"}  # two classes: the binary metrics too
   assert os.path.exists(out / "checkpoints" / "checkpoint")
   assert "step 300/300 (100%)" in result.stderr  # periodic progress lines when not on a terminal
 
@@ -223,6 +223,9 @@ def _bad_cases(churn_data, tmp_path):
   whole = open(f"{churn_data}/train/part-00001-of-00004.tfrecord", "rb").read()
   (truncated / "b.tfrecord").write_bytes(whole[:-7])
   (tmp_path / "bad_models.py").write_text(BAD_OUTPUT_PLUGIN)
+  regression = tmp_path / "regression"  # CSV without a schema.json: inferred, with a numeric label
+  regression.mkdir()
+  shutil.copy(f"{churn_data}/train/part-00000-of-00004.csv", regression / "a.csv")
   plugin_env = {"PYTHONPATH": f"{procs.REPO}:{tmp_path}"}
   return [
       ("tf_config_json", good, {"TF_CONFIG": "{oops"}, r"TF_CONFIG is not valid JSON"),
@@ -271,6 +274,21 @@ def _bad_cases(churn_data, tmp_path):
       ("plugin_raises", good + ["--model=bad_models:build_broken"], plugin_env,
        r"^error: --model='bad_models:build_broken': build_fn raised ValueError at bad_models.py line \d+: A "
        r"KerasTensor cannot be used as input to a TensorFlow function"),
+      ("unknown_schedule", good + ["--lr_schedule=step"], {},
+       r"^error: flag --lr_schedule=step: value should be one of <constant\|cosine\|linear\|exponential>"),
+      ("negative_weight_decay", good + ["--weight_decay=-0.1"], {},
+       r"^error: --weight_decay must be >= 0 \(decoupled decay per step, times the learning rate\), got -0.1$"),
+      ("class_weights_for_regression", [f"--train_data={regression}/*.csv", "--label=monthly_charges",
+                                        "--task=regression", "--class_weights=balanced"], {},
+       r"^error: --class_weights=balanced: class weights need a classification task; label 'monthly_charges' is "
+       r"a regression target \(omit --class_weights\)$"),
+      ("class_weights_unknown_class", good + ['--class_weights={"7": 2}'], {},
+       r"^error: --class_weights=\{\"7\": 2\}: '7' is not a class of label 'churned' \(classes: 0\.\.1\)$"),
+      ("early_stopping_without_evals", good + ["--early_stopping_metric=auc"], {},
+       r"^error: --early_stopping_metric need\(s\) periodic evaluation: pass --eval_every_steps=N"),
+      ("early_stopping_metric_of_another_task", good + ["--eval_every_steps=10", "--early_stopping_metric=mae"], {},
+       r"^error: --early_stopping_metric=mae: not an eval metric of this classification task; available: loss, "
+       r"accuracy, auc, precision, recall$"),
       ("checkpoint_every_secs", good + ["--checkpoint_every_secs=0"], {},
        r"^error: --checkpoint_every_secs must be > 0 \(omit it to checkpoint by steps only\), got 0.0$"),
       ("unknown_flag", good + ["--no_such_flag=1"], {}, r"^error: Unknown command line flag 'no_such_flag'"),

@@ -46,9 +46,9 @@ def _steps(config, train_files):
   return config.train.epochs * preflight.count_records(train_files, formats.TFRECORD) // config.train.global_batch_size
 
 
-def train_steps_logged(out):
+def train_steps_logged(out, split="train"):
   """Steps with a `loss` scalar, over every event file (a resumed run writes its own)."""
-  return sorted(e.step for events in glob.glob(str(out / "logs" / "train" / "events.out.tfevents.*"))
+  return sorted(e.step for events in glob.glob(str(out / "logs" / split / "events.out.tfevents.*"))
                 for e in tf.compat.v1.train.summary_iterator(events) if any(v.tag == "loss" for v in e.summary.value))
 
 

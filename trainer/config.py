@@ -15,7 +15,10 @@ STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker_mirrore
 LOOPS = ("custom", "fit")
 DATA_FORMATS = ("auto", "tfrecord", "csv", "jsonl")  # formats.FORMATS (this module imports nothing)
 TASKS = ("auto", "classification", "regression")
-OPTIMIZERS = ("adam", "sgd", "adagrad", "rmsprop")
+OPTIMIZERS = ("adam", "adamw", "sgd", "adagrad", "rmsprop")
+LR_SCHEDULES = ("constant", "cosine", "linear", "exponential")
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+EXPORTS = ("last", "best")
 BUILTIN_MODELS = ("tabular", "cnn")
 
 
@@ -95,6 +98,20 @@ class TrainConfig:
   checkpoint_every_secs: float | None = None
   eval_steps: int | None = None
   hypertune_metric: str | None = None
+  # The recipe (trainer/recipe.py): schedule, regularization, class weights, periodic evaluation.
+  lr_schedule: str = "constant"
+  warmup_steps: int = 0
+  lr_decay_to: float | None = None  # fraction of --learning_rate at the final step (None: the schedule's own)
+  weight_decay: float | None = None
+  clip_norm: float | None = None
+  class_weights: str | None = None  # "balanced" or a JSON object {class: weight}
+  eval_every_steps: int | None = None
+  early_stopping_metric: str | None = None
+  early_stopping_patience: int | None = None
+  export: str = "last"
+  # Speed: compute dtype policy and XLA.
+  precision: str = "float32"
+  jit_compile: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +164,7 @@ def validate(config: Config) -> None:
                     f"{train.checkpoint_every_secs}")
   if train.eval_steps is not None and train.eval_steps < 0:
     raise UserError(f"--eval_steps must be >= 0 (0 skips evaluation), got {train.eval_steps}")
+  _validate_recipe(train)
   _positive("--num_cpu_devices", config.distribution.num_cpu_devices)
   if not config.distribution.peer_timeout_secs > 0:
     raise UserError(f"--peer_timeout_secs must be > 0, got {config.distribution.peer_timeout_secs}")
@@ -165,6 +183,40 @@ def validate(config: Config) -> None:
     raise UserError(f"--csv_columns must name every CSV column once, got {','.join(config.data.csv_columns)}")
   if config.data.shuffle_buffer < 0:
     raise UserError(f"--shuffle_buffer must be >= 0, got {config.data.shuffle_buffer}")
+
+
+def _validate_recipe(train: TrainConfig) -> None:
+  """The recipe flags on their own; what depends on the schema (class weights, metric names) is
+  `recipe.check_for_schema`."""
+  if train.warmup_steps < 0:
+    raise UserError(f"--warmup_steps must be >= 0, got {train.warmup_steps}")
+  if train.train_steps is not None and train.warmup_steps >= train.train_steps:
+    raise UserError(f"--warmup_steps={train.warmup_steps} must be below --train_steps={train.train_steps}")
+  if train.lr_decay_to is not None:
+    if train.lr_schedule == "constant":
+      raise UserError(f"--lr_decay_to={train.lr_decay_to} has no effect with --lr_schedule=constant; "
+                      "pass --lr_schedule=cosine|linear|exponential")
+    exponential = train.lr_schedule == "exponential"
+    if not (0 < train.lr_decay_to < 1 if exponential else 0 <= train.lr_decay_to < 1):
+      accepted = "in (0, 1)" if exponential else "in [0, 1)"
+      raise UserError(f"--lr_decay_to must be {accepted} for --lr_schedule={train.lr_schedule} (the fraction of "
+                      f"--learning_rate reached at the final step), got {train.lr_decay_to}")
+  if train.weight_decay is not None and not train.weight_decay >= 0:
+    raise UserError(f"--weight_decay must be >= 0 (decoupled decay per step, times the learning rate), got "
+                    f"{train.weight_decay}")
+  if train.clip_norm is not None and not train.clip_norm > 0:
+    raise UserError(f"--clip_norm must be > 0 (the largest global gradient norm), got {train.clip_norm}")
+  if train.eval_every_steps is not None:
+    _positive("--eval_every_steps", train.eval_every_steps)
+  if train.early_stopping_patience is not None:
+    _positive("--early_stopping_patience", train.early_stopping_patience)
+  if train.early_stopping_patience is not None and train.early_stopping_metric is None:
+    raise UserError("--early_stopping_patience needs --early_stopping_metric (e.g. loss, accuracy, auc)")
+  needs_evals = [flag for flag, given in (("--early_stopping_metric", train.early_stopping_metric),
+                                          ("--export=best", train.export == "best")) if given]
+  if needs_evals and train.eval_every_steps is None:
+    raise UserError(f"{' and '.join(needs_evals)} need(s) periodic evaluation: pass --eval_every_steps=N "
+                    "(and --eval_data)")
 
 
 def _positive(flag: str, value: int) -> None:

@@ -1,14 +1,25 @@
-"""Evaluation: one exact pass over the eval data under any strategy, and the side-car evaluator (Vertex pool 3)
-that evaluates each checkpoint the chief writes, driven by the same outer loop as training."""
+"""Evaluation: one exact pass over the eval data under any strategy; periodic evaluation during training
+(--eval_every_steps) with early stopping and the best weights kept (--export=best); and the side-car evaluator
+(Vertex pool 3) that evaluates each checkpoint the chief writes, driven by the same outer loop as training."""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, Callable
+
 from absl import logging
 
+from trainer import checkpoints
 from trainer import loop as loop_lib
 from trainer import models
 from trainer import objective as objective_lib
+from trainer import paths
+from trainer import recipe
+from trainer import storage
 from trainer import writers
+
+BEST_DIR = "best"  # under the checkpoint dir: the best evaluation's weights and best.json
+BEST_FILE = "best.json"
 
 
 def evaluate(job, model, objective: objective_lib.Objective) -> dict[str, float]:
@@ -38,7 +49,7 @@ def evaluate(job, model, objective: objective_lib.Objective) -> dict[str, float]
   if job.choice.parameter_server:
     # Inline evaluation on the coordinator: variables are read from the parameter servers.
     eval_batch = tf.function(batch_sums)
-    sums, batches = tf.zeros([3]), 0
+    sums, batches = tf.zeros([objective.num_sums]), 0
     for features, labels in job.dataset_fn("eval")(None):
       sums += eval_batch(features, labels)
       batches += 1
@@ -46,7 +57,7 @@ def evaluate(job, model, objective: objective_lib.Objective) -> dict[str, float]
 
     @tf.function
     def eval_pass(dataset):
-      total, steps = tf.zeros([3]), tf.constant(0)
+      total, steps = tf.zeros([objective.num_sums]), tf.constant(0)
       for features, labels in dataset:  # ends together on every worker (empty batches pad the short ones)
         total += strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(batch_sums, args=(features, labels)),
                                  axis=None)
@@ -58,6 +69,102 @@ def evaluate(job, model, objective: objective_lib.Objective) -> dict[str, float]
   metrics = objective.finalize(sums.numpy())
   logging.info("Eval over %d batches: %s", batches, metrics)
   return metrics
+
+
+@dataclasses.dataclass
+class BestSoFar:
+  """The best periodic evaluation so far, kept in best.json beside the best weights so a restarted run goes on
+  comparing against it (and does not train again after it stopped early)."""
+
+  metric: str
+  step: int | None = None
+  value: float | None = None
+  metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+  evaluations_since_best: int = 0
+  stopped_at: int | None = None
+
+  @classmethod
+  def load(cls, directory: str, metric: str) -> "BestSoFar":
+    path = paths.join_path(directory, BEST_FILE)
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    if not tf.io.gfile.exists(path):
+      return cls(metric)
+    stored = storage.read_json(path)
+    if stored.get("metric") != metric:
+      logging.warning("%s compared by %s; this run compares by %s: starting the comparison over", path,
+                      stored.get("metric"), metric)
+      return cls(metric)
+    return cls(**stored)
+
+  def improved_by(self, value: float) -> bool:
+    if self.value is None:
+      return True
+    return value > self.value if recipe.higher_is_better(self.metric) else value < self.value
+
+
+class PeriodicEvaluation:
+  """The loop action of --eval_every_steps: one exact evaluation pass (every worker takes part: under
+  MultiWorkerMirroredStrategy it is collective), its metrics to TensorBoard and, on the chief, to the
+  hyperparameter-tuning file at that step; then early stopping and the best weights.
+
+  Every process sees the same all-reduced metrics, so every process takes the same decision to stop, at the
+  same step, without another collective.
+  """
+
+  def __init__(self, job, model, objective: objective_lib.Objective, writer: writers.MetricWriter, *,
+               report: Callable[[dict[str, Any], int], None] | None):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    train = job.config.train
+    self._job, self._model, self._objective, self._writer, self._report = job, model, objective, writer, report
+    self._patience = train.early_stopping_patience if train.early_stopping_metric else None
+    self._directory = paths.join_path(job.config.output.checkpoint_dir, BEST_DIR)
+    self.best = BestSoFar.load(self._directory, train.early_stopping_metric or "loss")
+    self._keeper = None
+    if train.export == "best":
+      self._keeper = checkpoints.CheckpointKeeper(tf.train.Checkpoint(model=model), directory=self._directory,
+                                                  is_chief=job.is_chief, max_to_keep=1)
+    self.last_step: int | None = None
+    self.last_metrics: dict[str, float] = {}
+
+  @property
+  def stopped(self) -> bool:
+    return self.best.stopped_at is not None
+
+  def __call__(self, state: loop_lib.LoopState) -> None:
+    metrics = evaluate(self._job, self._model, self._objective)
+    self.last_step, self.last_metrics = state.step, metrics
+    self._writer.write("eval", state.step, metrics)
+    if self._report is not None:
+      self._report({f"eval_{k}": v for k, v in metrics.items()}, state.step)
+    best, value = self.best, metrics[self.best.metric]
+    if best.improved_by(value):
+      best.step, best.value, best.metrics, best.evaluations_since_best = state.step, value, metrics, 0
+      if self._keeper is not None:
+        self._keeper.save(state.step)
+    else:
+      best.evaluations_since_best += 1
+    if self._patience and best.evaluations_since_best >= self._patience and state.step < self._job.train_steps:
+      best.stopped_at = state.step
+      logging.info("Early stopping at step %d: eval %s has not improved on %.6g (step %d) in %d evaluation(s)",
+                   state.step, best.metric, best.value, best.step, best.evaluations_since_best)
+    if self._job.is_chief:
+      storage.write_json(paths.join_path(self._directory, BEST_FILE), dataclasses.asdict(best))
+
+  def restore_best(self, final_step: int) -> dict[str, float] | None:
+    """With --export=best, loads the best evaluation's weights into the model; returns its metrics (None when
+    the final weights are the best, or nothing was evaluated)."""
+    if self._keeper is None or self.best.step is None or self.best.step == final_step:
+      return None
+    self._keeper.restore_latest()
+    logging.info("--export=best: exporting the weights of step %d (eval %s %.6g), not of the final step %d",
+                 self.best.step, self.best.metric, self.best.value, final_step)
+    return dict(self.best.metrics)
+
+  def close(self) -> None:
+    if self._keeper is not None:
+      self._keeper.close()
 
 
 def run_sidecar(job, *, timeout_secs: float = 600.0, poll_secs: float = 1.0) -> dict:

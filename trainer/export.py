@@ -38,7 +38,8 @@ def serving_root(model, schema: schema_lib.Schema):
   @tf.function
   def serve(features):
     encoded = encoder.encode(features)
-    outputs = model(models.select_inputs(encoded, names), training=False)
+    # Served as float32 whatever --precision computed in (mixed policies end in float16/bfloat16 otherwise).
+    outputs = tf.cast(model(models.select_inputs(encoded, names), training=False), tf.float32)
     if schema.task == "classification":
       class_id = tf.argmax(outputs, axis=-1, output_type=tf.int64)
       result = {"probabilities": tf.nn.softmax(outputs, axis=-1), "class_id": class_id}

@@ -55,6 +55,29 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_integer("epochs", None, "Passes over the training data (instead of --train_steps).", **fv)
   flags.DEFINE_float("learning_rate", 1e-3, "Learning rate.", **fv)
   flags.DEFINE_enum("optimizer", "adam", config_lib.OPTIMIZERS, "Optimizer.", **fv)
+  flags.DEFINE_enum("lr_schedule", "constant", config_lib.LR_SCHEDULES, "Learning-rate schedule over the run "
+                    "after --warmup_steps: constant, or cosine/linear/exponential decay from --learning_rate to "
+                    "--lr_decay_to of it at the final step.", **fv)
+  flags.DEFINE_integer("warmup_steps", 0, "Steps of linear warmup from 0 to --learning_rate.", **fv)
+  flags.DEFINE_float("lr_decay_to", None, "Fraction of --learning_rate reached at the final step (default 0 for "
+                     "cosine and linear, 0.01 for exponential).", **fv)
+  flags.DEFINE_float("weight_decay", None, "Decoupled weight decay (default 0.004 with --optimizer=adamw, none "
+                     "otherwise).", **fv)
+  flags.DEFINE_float("clip_norm", None, "Clip the gradient (summed over all replicas) to this global norm.", **fv)
+  flags.DEFINE_string("class_weights", None, "Classification: 'balanced' (weights from the training data's class "
+                      "counts) or a JSON object {class: weight} (class ids, or names for a string label).", **fv)
+  flags.DEFINE_integer("eval_every_steps", None, "Evaluate on --eval_data every N steps during training "
+                       "(TensorBoard and the hypertune file get each).", **fv)
+  flags.DEFINE_string("early_stopping_metric", None, "Stop when this eval metric (loss, accuracy, mae, auc, "
+                      "precision, recall) has not improved for --early_stopping_patience evaluations.", **fv)
+  flags.DEFINE_integer("early_stopping_patience", None, "Evaluations without improvement before stopping "
+                       "(default 3 with --early_stopping_metric).", **fv)
+  flags.DEFINE_enum("export", "last", config_lib.EXPORTS, "Export the weights of the last step, or of the best "
+                    "periodic evaluation (by --early_stopping_metric, else loss).", **fv)
+  flags.DEFINE_enum("precision", "float32", config_lib.PRECISIONS, "Compute dtype policy: mixed_float16 (GPUs; "
+                    "loss scaling), mixed_bfloat16 (TPUs, recent GPUs). Variables and the export stay float32.",
+                    **fv)
+  flags.DEFINE_boolean("jit_compile", False, "Compile the training step with XLA.", **fv)
   flags.DEFINE_enum("loop", "custom", config_lib.LOOPS, "custom: tf.function step with strategy.run; "
                     "fit: Keras model.fit inside strategy.scope().", **fv)
   flags.DEFINE_boolean("run_eagerly", False, "Run the training step eagerly (debugging); still distributed.", **fv)
@@ -150,6 +173,19 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment) -> 
           checkpoint_every_secs=values.checkpoint_every_secs,
           eval_steps=values.eval_steps,
           hypertune_metric=values.hypertune_metric,
+          lr_schedule=values.lr_schedule,
+          warmup_steps=values.warmup_steps,
+          lr_decay_to=values.lr_decay_to,
+          weight_decay=values.weight_decay,
+          clip_norm=values.clip_norm,
+          class_weights=values.class_weights,
+          eval_every_steps=values.eval_every_steps,
+          early_stopping_metric=values.early_stopping_metric,
+          early_stopping_patience=(values.early_stopping_patience if values.early_stopping_patience is not None
+                                   or values.early_stopping_metric is None else 3),
+          export=values.export,
+          precision=values.precision,
+          jit_compile=values.jit_compile,
       ),
       output=config_lib.OutputConfig(model_dir=model_dir, checkpoint_dir=checkpoint_dir,
                                      tensorboard_dir=tensorboard_dir),

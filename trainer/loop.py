@@ -97,7 +97,7 @@ def fire_due(actions: Sequence[PeriodicAction], state: LoopState, *, final: bool
 
 def run(*, start_step: int, total_steps: int, advance: Callable[[int], tuple[int, float | None]],
         actions: Sequence[PeriodicAction], max_steps_per_call: int | None = None,
-        agree: Agreement | None = None) -> LoopState:
+        agree: Agreement | None = None, stop: Callable[[], bool] | None = None) -> LoopState:
   """Advances from `start_step` to `total_steps`, firing `actions` on their cadence.
 
   Args:
@@ -108,9 +108,11 @@ def run(*, start_step: int, total_steps: int, advance: Callable[[int], tuple[int
     actions: fired after every chunk that reaches their cadence, and at the final step.
     max_steps_per_call: the most steps one call of `advance` may take (`--steps_per_loop`), or None.
     agree: merges the actions' due decisions across processes after every chunk (`Agreement`), or None.
+    stop: checked after the actions of every chunk: True ends the loop there (early stopping). It must say the
+      same on every process (early stopping decides on all-reduced metrics).
 
   Returns:
-    The final `LoopState`; `state.step < total_steps` only when the source stopped advancing.
+    The final `LoopState`; `state.step < total_steps` only when the source stopped advancing or `stop` said so.
   """
   state = LoopState(step=start_step)
   while state.step < total_steps:
@@ -123,4 +125,6 @@ def run(*, start_step: int, total_steps: int, advance: Callable[[int], tuple[int
     state.step += done
     state.loss = loss
     fire_due(actions, state, final=state.step >= total_steps, agree=agree)
+    if stop is not None and stop():
+      break
   return state

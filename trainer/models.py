@@ -24,6 +24,7 @@ A plug-in is `--model=package.module:build_fn`:
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import traceback
@@ -76,11 +77,72 @@ def resolve_builder(name: str) -> Callable[..., Any]:
                       f"{first_line(e)}") from None
     if not isinstance(model, tf.keras.Model):
       raise UserError(f"--model={name!r}: build_fn returned {type(model).__name__}, expected a keras.Model")
+    compiled = user_compile(model, schema)
     model = adapt_to_contract(model, schema, flag=f"--model={name!r}")
     check_outputs(model, schema, flag=f"--model={name!r}")
+    if compiled is not None:
+      model.user_compile = compiled  # read by training: the user's loss and optimizer replace the trainer's
     return model
 
   return build_plugin
+
+
+@dataclasses.dataclass(frozen=True)
+class UserCompile:
+  """What a plug-in's own `model.compile(...)` chose. The loss is applied to the outputs as the user's model
+  gives them (probabilities, one sigmoid unit, one logit), rebuilt from the contract's logits by
+  `user_outputs`, so a `SparseCategoricalCrossentropy()` written for softmax outputs gets probabilities."""
+
+  loss: Any
+  optimizer: Any
+  metrics: tuple
+  activation: str | None  # the user's output activation (output_activation)
+  binary_unit: bool  # one output unit for two classes
+
+  def describe(self) -> str:
+    loss = self.loss if isinstance(self.loss, str) else type(self.loss).__name__ if self.loss is not None else None
+    optimizer = type(self.optimizer).__name__ if self.optimizer is not None else None
+    return f"loss={loss}, optimizer={optimizer}, metrics={len(self.metrics)}"
+
+  def user_outputs(self, logits):
+    """The user model's own outputs from the contract's logits (the adapter's inverse)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    if self.activation == "softmax":
+      return tf.nn.softmax(logits, axis=-1)
+    if self.binary_unit:
+      logit = logits[:, 1:2] - logits[:, 0:1]  # the adapter's logits are [0, z] or [log(1-p), log p]
+      return tf.sigmoid(logit) if self.activation == "sigmoid" else logit
+    return logits
+
+  def per_example_loss(self, labels, logits):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    outputs = self.user_outputs(tf.cast(logits, tf.float32))
+    if self.binary_unit:  # a binary loss wants float labels shaped like its one unit
+      labels = tf.reshape(tf.cast(labels, outputs.dtype), [-1, 1])
+    loss = self.loss
+    fn = loss.call if isinstance(loss, tf.keras.losses.Loss) else tf.keras.losses.get(loss)
+    return tf.reshape(fn(labels, outputs), [-1])
+
+
+def user_compile(model, schema: schema_lib.Schema) -> UserCompile | None:
+  """The loss, optimizer and metrics of a plug-in model that arrived compiled (Keras 3 or tf_keras), else None."""
+  loss = getattr(model, "loss", None)
+  optimizer = getattr(model, "optimizer", None)
+  if not loss or optimizer is None:
+    return None
+  compile_config = getattr(model, "_compile_config", None)  # Keras 3
+  metrics = (getattr(compile_config, "config", {}) or {}).get("metrics") if compile_config is not None else None
+  if metrics is None:  # tf_keras
+    metrics = getattr(getattr(model, "compiled_metrics", None), "_user_metrics", None)
+  if isinstance(metrics, dict) or isinstance(loss, (dict, list)):
+    return None  # per-output losses or metrics: the model has one output here, so these are not ours to map
+  units = _output_units(model, schema)
+  binary = schema.task == "classification" and schema.label.num_classes == 2 and units == 1
+  activation = output_activation(model) if schema.task == "classification" else None
+  return UserCompile(loss=loss, optimizer=optimizer, metrics=tuple(metrics or ()), activation=activation,
+                     binary_unit=binary)
 
 
 def _user_frame(error: BaseException, module) -> str:
@@ -323,7 +385,7 @@ def build_tabular(schema: schema_lib.Schema, model_config: config_lib.ModelConfi
     x = layers.Dense(units, activation="relu")(x)
     if model_config.dropout:
       x = layers.Dropout(model_config.dropout)(x)
-  outputs = layers.Dense(output_units(schema), name="output")(x)
+  outputs = layers.Dense(output_units(schema), name="output", dtype="float32")(x)  # float32 under mixed policies
   return tf.keras.Model(inputs, outputs, name="tabular")
 
 
@@ -357,7 +419,7 @@ def build_cnn(schema: schema_lib.Schema, model_config: config_lib.ModelConfig,
     x = layers.Dense(units, activation="relu")(x)
     if model_config.dropout:
       x = layers.Dropout(model_config.dropout)(x)
-  outputs = layers.Dense(output_units(schema), name="output")(x)
+  outputs = layers.Dense(output_units(schema), name="output", dtype="float32")(x)  # float32 under mixed policies
   return tf.keras.Model({images[0].input_name: image}, outputs, name="cnn")
 
 

@@ -83,6 +83,9 @@ def make_plan(config: config_lib.Config, env: config_lib.Environment, *, num_gpu
     # Checked here, not after training: a tuning trial must not train for nothing and fail at the end.
     raise UserError(f"--hypertune_metric={train.hypertune_metric} needs evaluation: set --eval_data (or "
                     "AIP_VALIDATION_DATA_URI) and leave --eval_steps above 0")
+  if train.eval_every_steps and (not config.data.eval_pattern or train.eval_steps == 0):
+    raise UserError(f"--eval_every_steps={train.eval_every_steps} needs evaluation: set --eval_data (or "
+                    "AIP_VALIDATION_DATA_URI) and leave --eval_steps above 0")
   if train.run_eagerly and choice.parameter_server:
     raise UserError("--run_eagerly cannot run under ParameterServerStrategy (ClusterCoordinator schedules only "
                     "tf.functions); debug eagerly with --strategy=default on one process")

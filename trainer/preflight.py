@@ -18,6 +18,7 @@ from trainer import config as config_lib
 from trainer import features as features_lib
 from trainer import formats
 from trainer import paths
+from trainer import recipe
 from trainer import schema as schema_lib
 from trainer import schema_inference
 from trainer.errors import UserError
@@ -84,6 +85,7 @@ class Inputs:
   eval_files: list[str]
   sources: dict[str, formats.Source]  # "train"/"eval"
   schema_origin: str = ""
+  class_weights: tuple[float, ...] | None = None  # --class_weights by class id
 
 
 def check_inputs(config: config_lib.Config) -> Inputs:
@@ -112,8 +114,29 @@ def check_inputs(config: config_lib.Config) -> Inputs:
     raise UserError("--model=cnn needs an image feature in the schema (type 'image'); use --model=tabular")
   for split, (flag, _) in splits.items():
     logging.info("%s: %d file(s) of %s", flag, len(files[split]), sources[split].describe())
+  recipe.check_for_schema(config.train, schema)
+  class_weights = None
+  if config.train.class_weights is not None:
+    labels = (_label_values(files["train"], sources["train"], schema, limit=data_cfg.infer_sample_rows)
+              if config.train.class_weights == "balanced" and schema.task == "classification" else None)
+    class_weights = recipe.class_weights(config.train, schema, labels)
+    logging.info("--class_weights=%s: %s", config.train.class_weights,
+                 ", ".join(f"{name}: {w:.4g}" for name, w in zip(schema.label.vocabulary or range(len(class_weights)),
+                                                                 class_weights)))
   return Inputs(schema=schema, train_files=files["train"], eval_files=files.get("eval", []), sources=sources,
-                schema_origin=origin)
+                schema_origin=origin, class_weights=class_weights)
+
+
+def _label_values(files: list[str], source: formats.Source, schema: schema_lib.Schema, *, limit: int):
+  """The label of up to `limit` training records (the bounded, deterministic sample schema inference reads)."""
+  for _, record in schema_inference.sample_records(files, source, limit=limit, flag="--train_data"):
+    value = record.get(schema.label.name)
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], list):
+      value = value[1]  # a tf.train.Example feature: (kind, values)
+    if isinstance(value, list):
+      value = value[0] if value else None
+    if value is not None:
+      yield value
 
 
 def _read_schema(config: config_lib.Config) -> schema_lib.Schema | None:

@@ -122,7 +122,8 @@ def _build_and_train(config: config_lib.Config, env: config_lib.Environment, pla
       config=config, schema=schema, strategy=strategy, choice=plan.choice, role=role,
       train_files=inputs.train_files, eval_files=inputs.eval_files, sources=inputs.sources,
       train_steps=preflight.total_steps(config, inputs), interactive=interactive,
-      build_model=lambda: build(schema, config.model, config.hparams), peer_watchdog=watchdog)
+      build_model=lambda: build(schema, config.model, config.hparams), peer_watchdog=watchdog,
+      class_weights=inputs.class_weights, report_eval=_hypertune_reporter(config, env, role))
 
   if role.is_evaluator:
     from trainer import evaluation  # pylint: disable=g-import-not-at-top
@@ -169,11 +170,20 @@ def _build_and_train(config: config_lib.Config, env: config_lib.Environment, pla
     storage.write_json(paths.join_path(exported, SCHEMA_FILE), schema.to_dict())
     storage.write_json(paths.join_path(exported, METRICS_FILE), metrics)
     logging.info("Exported SavedModel to %s", exported)
-  if role.is_chief and config.train.hypertune_metric:
+  if role.is_chief and config.train.hypertune_metric and not config.train.eval_every_steps:
     hypertune.report(metrics, metric=config.train.hypertune_metric, trial=role.trial, step=result.final_step,
                      path=env.hp_metric_file or hypertune.DEFAULT_PATH)
   logging.info("Final metrics: %s", json.dumps(metrics, sort_keys=True))
   return metrics
+
+
+def _hypertune_reporter(config: config_lib.Config, env: config_lib.Environment, role: cluster_lib.ClusterRole):
+  """With --eval_every_steps, each evaluation goes to hyperparameter tuning at its step (the chief's)."""
+  metric = config.train.hypertune_metric
+  if not metric or not config.train.eval_every_steps or not role.is_chief:
+    return None
+  path = env.hp_metric_file or hypertune.DEFAULT_PATH
+  return lambda metrics, step: hypertune.report(metrics, metric=metric, trial=role.trial, step=step, path=path)
 
 
 def _when_training_is_done(plan: plan_lib.Plan, config: config_lib.Config) -> plan_lib.Plan | None:

@@ -29,6 +29,7 @@ from trainer import models
 from trainer import objective as objective_lib
 from trainer import preemption
 from trainer import progress as progress_lib
+from trainer import recipe
 from trainer import schema as schema_lib
 from trainer import strategy as strategy_lib
 from trainer import writers
@@ -54,6 +55,8 @@ class Job:
   interactive: bool
   build_model: Callable[..., Any]
   peer_watchdog: Any = None  # peers.PeerWatchdog in a multi-process job: fed after every chunk
+  class_weights: tuple[float, ...] | None = None  # by class id (--class_weights), resolved by the runner
+  report_eval: Callable[[dict, int], None] | None = None  # each periodic evaluation to hyperparameter tuning
 
   def peers_moved(self, next_wait: str) -> None:
     """The job moved past a wait on peers; `next_wait` names the next one (for the watchdog's message)."""
@@ -90,12 +93,62 @@ class TrainResult:
 
 
 def _build_model_and_optimizer(job: Job):
+  """The model and its optimizer, both under the strategy's scope and the --precision policy. A plug-in that
+  arrived compiled keeps its own optimizer (and, in `_train_objective`, its loss)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  cfg = job.config.train
+  recipe.set_precision(cfg.precision)
   with job.strategy.scope():
     model = job.build_model()
-    optimizer = objective_lib.make_optimizer(job.config.train)
+    compiled = getattr(model, "user_compile", None)
+    if compiled is not None:
+      optimizer = compiled.optimizer
+      logging.info("The plug-in model arrived compiled (%s): its own loss and optimizer train it; --optimizer, "
+                   "--learning_rate, --lr_schedule, --weight_decay and --clip_norm do not apply",
+                   compiled.describe())
+      if cfg.precision == "mixed_float16" and not isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer):
+        optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+    else:
+      optimizer = recipe.make_optimizer(cfg, job.train_steps, keras_version=models.keras_version())
     # Built inside the scope: an optimizer built later keeps non-mirrored slot variables.
     optimizer.build(model.trainable_variables)
   return model, optimizer
+
+
+def _train_objective(job: Job, model) -> objective_lib.Objective:
+  """The training loss: the task's, or a compiled plug-in's own; weighted by --class_weights."""
+  return objective_lib.Objective(job.schema, class_weights=job.class_weights,
+                                 user_loss=getattr(model, "user_compile", None))
+
+
+def _periodic_evaluation(job: Job, model, objective: objective_lib.Objective,
+                         writer: writers.MetricWriter) -> evaluation.PeriodicEvaluation | None:
+  if not job.config.train.eval_every_steps:
+    return None
+  periodic = evaluation.PeriodicEvaluation(job, model, objective, writer,
+                                           report=job.report_eval if job.is_chief else None)
+  if periodic.stopped:
+    logging.info("This run stopped early at step %d (%s): it trains no further; evaluating and exporting",
+                 periodic.best.stopped_at, evaluation.BEST_FILE)
+  return periodic
+
+
+def _final_evaluation(job: Job, model, objective: objective_lib.Objective, writer: writers.MetricWriter,
+                      periodic: evaluation.PeriodicEvaluation | None, final_step: int) -> dict[str, float]:
+  """The metrics of the weights that will be exported: the best evaluation's under --export=best, the
+  periodic evaluation of the final step when there was one, else one more pass."""
+  if periodic is not None:
+    best = periodic.restore_best(final_step)
+    if best is not None:
+      return best
+    if periodic.last_step == final_step:
+      return periodic.last_metrics
+  job.peers_moved("the evaluation pass")
+  metrics = evaluation.evaluate(job, model, objective)
+  if metrics:
+    writer.write("eval", final_step, metrics)
+  return metrics
 
 
 def _keeper(job: Job, model, optimizer) -> checkpoints.CheckpointKeeper:
@@ -126,7 +179,7 @@ class _TrainLog:
     elapsed = now - self._last_time
     values = {"loss": state.loss, **(state.metrics or {})}
     shown = {k: float(v) for k, v in values.items() if v is not None}
-    shown["learning_rate"] = float(self._optimizer.learning_rate.numpy())
+    shown["learning_rate"] = recipe.current_learning_rate(self._optimizer)
     if elapsed > 0 and state.step > self._last_step:
       self.examples_per_sec = (state.step - self._last_step) * self._batch / elapsed
       shown["examples_per_sec"] = self.examples_per_sec
@@ -147,18 +200,39 @@ def _resume(job: Job, keeper: checkpoints.CheckpointKeeper, optimizer) -> int:
   return start_step
 
 
-def _replica_step(model, optimizer, objective: objective_lib.Objective, *, names, global_batch_size: int):
-  """One replica's forward, loss over the global batch, and update."""
+def _replica_step(model, optimizer, objective: objective_lib.Objective, *, names, global_batch_size: int,
+                  jit_compile: bool = False):
+  """One replica's forward, loss over the global batch, and update.
+
+  Under mixed_float16 the loss is scaled before the gradient and the gradients unscaled (a LossScaleOptimizer:
+  Keras 3 unscales inside `apply_gradients`, tf_keras through `get_unscaled_gradients`). With --jit_compile the
+  forward and backward pass are one XLA cluster; the update stays outside it, because the cross-replica
+  all-reduce inside the optimizer is not an XLA op on every device (CPU collectives are not).
+  """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  def replica_step(features, labels):
+  loss_scaling = isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
+  legacy_scaling = loss_scaling and hasattr(optimizer, "get_scaled_loss")  # tf_keras
+
+  def loss_and_gradients(features, labels):
     with tf.GradientTape() as tape:
       outputs = model(models.select_inputs(features, names), training=True)
       per_example = objective.per_example_loss(labels, outputs)
       loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
       if model.losses:
-        loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-    gradients = tape.gradient(loss, model.trainable_variables)
+        loss += tf.nn.scale_regularization_loss(tf.cast(tf.add_n(model.losses), tf.float32))
+      scaled = (optimizer.get_scaled_loss(loss) if legacy_scaling else optimizer.scale_loss(loss)
+                if loss_scaling else loss)
+    gradients = tape.gradient(scaled, model.trainable_variables)
+    if legacy_scaling:
+      gradients = optimizer.get_unscaled_gradients(gradients)
+    return loss, gradients
+
+  if jit_compile:
+    loss_and_gradients = tf.function(loss_and_gradients, jit_compile=True)
+
+  def replica_step(features, labels):
+    loss, gradients = loss_and_gradients(features, labels)
     optimizer.apply_gradients(zip(gradients, model.trainable_variables))
     return loss
 
@@ -282,12 +356,13 @@ def custom_loop(job: Job) -> TrainResult:
   model, optimizer = _build_model_and_optimizer(job)
   objective = objective_lib.Objective(job.schema)
   keeper = _keeper(job, model, optimizer)
-  writer = None
+  writer = periodic = None
   try:
     start_step = _resume(job, keeper, optimizer)
     writer = _writer(job, start_step)
-    replica_step = _replica_step(model, optimizer, objective, names=models.input_names(model),
-                                 global_batch_size=cfg.global_batch_size)
+    periodic = _periodic_evaluation(job, model, objective, writer)
+    replica_step = _replica_step(model, optimizer, _train_objective(job, model), names=models.input_names(model),
+                                 global_batch_size=cfg.global_batch_size, jit_compile=cfg.jit_compile)
     parameter_server = job.choice.parameter_server
     if parameter_server:
       advance = _coordinated_steps(job, replica_step, optimizer, start_step)
@@ -302,23 +377,29 @@ def custom_loop(job: Job) -> TrainResult:
                                   every_secs=0),
           loop_lib.PeriodicAction("loss guard", _LossGuard(start_step), every_secs=0),
           loop_lib.PeriodicAction("log", log, every_steps=cfg.log_every_steps),
-          loop_lib.PeriodicAction("checkpoint", lambda state: keeper.save(state.step),
-                                  every_steps=cfg.checkpoint_every_steps, every_secs=cfg.checkpoint_every_secs),
       ]
+      if periodic is not None:
+        actions.append(loop_lib.PeriodicAction("evaluate", periodic, every_steps=cfg.eval_every_steps))
+      actions.append(loop_lib.PeriodicAction("checkpoint", lambda state: keeper.save(state.step),
+                                             every_steps=cfg.checkpoint_every_steps,
+                                             every_secs=cfg.checkpoint_every_secs))
       if watcher is not None:
         actions.append(_preemption_action(watcher, keeper))
+      # A run that stopped early before a restart is done: it trains no further.
+      total_steps = start_step if periodic is not None and periodic.stopped else job.train_steps
       # Under parameter servers a chunk spans closures on every worker; each stays within steps_per_loop.
-      state = loop_lib.run(start_step=start_step, total_steps=job.train_steps, advance=advance, actions=actions,
+      state = loop_lib.run(start_step=start_step, total_steps=total_steps, advance=advance, actions=actions,
                            max_steps_per_call=None if parameter_server else cfg.steps_per_loop,
-                           agree=_agreement(job))
+                           agree=_agreement(job), stop=(lambda: periodic.stopped) if periodic is not None else None)
     final_step = int(optimizer.iterations.numpy())
-    job.peers_moved("the evaluation pass")
-    eval_metrics = evaluation.evaluate(job, model, objective)
-    if eval_metrics:
-      writer.write("eval", final_step, eval_metrics)
+    if final_step < job.train_steps:
+      keeper.save(final_step)  # stopped early: a restart finds the run done at this step
+    eval_metrics = _final_evaluation(job, model, objective, writer, periodic, final_step)
     return TrainResult(final_step=final_step, resumed_from_step=start_step, train_loss=state.loss,
                        examples_per_sec=log.examples_per_sec, eval_metrics=eval_metrics, model=model)
   finally:
+    if periodic is not None:
+      periodic.close()
     if writer is not None:
       writer.close()
     keeper.close()
@@ -387,13 +468,17 @@ class _FitReporting:
   def create(keeper: checkpoints.CheckpointKeeper, optimizer, log: _TrainLog, *, log_every_steps: int,
              train_steps: int, batch_level: bool, guard: _LossGuard, checkpoint_every_secs: float | None,
              watcher: preemption.SigtermWatcher | None, agree: loop_lib.Agreement | None,
-             peers_moved: Callable[[str], None]):
+             peers_moved: Callable[[str], None], periodic: evaluation.PeriodicEvaluation | None = None,
+             eval_every_steps: int | None = None):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
     log_action = loop_lib.PeriodicAction("log", log, every_steps=log_every_steps)
     after_batch = [loop_lib.PeriodicAction("peers moved", lambda state: peers_moved("the next training step"),
                                            every_secs=0),
                    loop_lib.PeriodicAction("loss guard", guard, every_secs=0), log_action]
+    if periodic is not None and batch_level:
+      after_batch.append(loop_lib.PeriodicAction("evaluate", periodic, every_steps=eval_every_steps))
+    evaluated = {"step": None}
     if checkpoint_every_secs:
       after_batch.append(loop_lib.PeriodicAction("checkpoint", lambda state: keeper.save(state.step),
                                                  every_secs=checkpoint_every_secs, at_end=False))
@@ -407,6 +492,11 @@ class _FitReporting:
         state = loop_lib.LoopState(step, metrics=dict(logs or {}))
         peers_moved("the next training epoch")
         guard(state)
+        if periodic is not None and not batch_level and (evaluated["step"] is None or step // eval_every_steps >
+                                                         evaluated["step"] // eval_every_steps or step >= train_steps):
+          periodic(state)  # no batch-level callbacks under parameter servers: at the first epoch end past each
+          evaluated["step"] = step
+          self.model.stop_training = periodic.stopped
         keeper.save(step)
         if batch_level:
           log_action(state, final=step >= train_steps)
@@ -418,7 +508,7 @@ class _FitReporting:
       def on_train_batch_end(self, batch, logs=None):
         state = loop_lib.LoopState(int(optimizer.iterations.numpy()), metrics=dict(logs or {}))
         loop_lib.fire_due(after_batch, state, agree=agree)
-        if state.step >= train_steps:
+        if state.step >= train_steps or (periodic is not None and periodic.stopped):
           self.model.stop_training = True  # Keras checks it after every batch, then still ends the epoch
 
     return BatchReporting() if batch_level else Reporting()
@@ -444,9 +534,9 @@ def fit_calls(start_step: int, train_steps: int, steps_per_epoch: int, *,
 
 
 def fit_steps_per_execution(*, steps_per_loop: int, checkpoint_every_steps: int, train_steps: int,
-                            log_every_steps: int | None = None) -> int:
-  """Steps per Keras execution that land exactly on every checkpoint, every log line and the final step."""
-  return math.gcd(steps_per_loop, checkpoint_every_steps, train_steps, log_every_steps or 0)
+                            log_every_steps: int | None = None, eval_every_steps: int | None = None) -> int:
+  """Steps per Keras execution that land exactly on every checkpoint, log line, evaluation and the final step."""
+  return math.gcd(steps_per_loop, checkpoint_every_steps, train_steps, log_every_steps or 0, eval_every_steps or 0)
 
 
 def fit_loop(job: Job) -> TrainResult:
@@ -460,7 +550,8 @@ def fit_loop(job: Job) -> TrainResult:
   parameter_server = job.choice.parameter_server
   steps_per_execution = fit_steps_per_execution(
       steps_per_loop=cfg.steps_per_loop, checkpoint_every_steps=cfg.checkpoint_every_steps,
-      train_steps=job.train_steps, log_every_steps=None if parameter_server else cfg.log_every_steps)
+      train_steps=job.train_steps, log_every_steps=None if parameter_server else cfg.log_every_steps,
+      eval_every_steps=None if parameter_server else cfg.eval_every_steps)
   if steps_per_execution != cfg.steps_per_loop:
     logging.info("fit: steps_per_execution=%d, so that executions end on every checkpoint (every %d steps), "
                  "log line and the final step %d", steps_per_execution, cfg.checkpoint_every_steps, job.train_steps)
@@ -473,16 +564,34 @@ def fit_loop(job: Job) -> TrainResult:
     logging.info("fit: steps_per_execution=1 (Keras %s cannot run several steps per call under %d replicas)",
                  models.keras_version(), strategy.num_replicas_in_sync)
     steps_per_execution = 1
+  jit_compile = cfg.jit_compile
+  if jit_compile and strategy.num_replicas_in_sync > 1 and not tf.config.list_logical_devices("GPU"):
+    # Keras 3 compiles its whole step, the cross-device update included; over logical CPU devices XLA fails
+    # with "Trying to access resource ... located in device CPU:1 from device CPU:0" (TF 2.21, Keras 3.15).
+    logging.info("--jit_compile: not under fit with %d CPU replicas (XLA cannot compile Keras' cross-device "
+                 "step there); --loop=custom compiles the forward and backward pass instead",
+                 strategy.num_replicas_in_sync)
+    jit_compile = False
   model, optimizer = _build_model_and_optimizer(job)
+  metrics = objective.keras_metrics()
+  compiled = getattr(model, "user_compile", None)
+  if compiled is not None and compiled.activation is None and not compiled.binary_unit:
+    metrics += list(compiled.metrics)  # the model's outputs are as the user wrote them: their metrics fit them
+  elif compiled is not None and compiled.metrics:
+    logging.info("The plug-in's own %d metric(s) are not computed: they were written for its %s outputs, which "
+                 "the trainer turns into logits; eval reports %s", len(compiled.metrics),
+                 compiled.activation or "one-unit", ", ".join(recipe.metric_names(job.schema)))
   with strategy.scope():
-    model.compile(optimizer=optimizer, loss=objective.keras_loss(), metrics=objective.keras_metrics(),
-                  steps_per_execution=steps_per_execution, run_eagerly=cfg.run_eagerly)
+    model.compile(optimizer=optimizer, loss=_train_objective(job, model).keras_loss(), metrics=metrics,
+                  steps_per_execution=steps_per_execution, run_eagerly=cfg.run_eagerly, jit_compile=jit_compile)
   names = models.input_names(model)
   keeper = _keeper(job, model, optimizer)
-  writer = None
+  writer = periodic = None
   try:
     start_step = _resume(job, keeper, optimizer)
     writer = _writer(job, start_step)
+    periodic = _periodic_evaluation(job, model, objective, writer)
+    total_steps = start_step if periodic is not None and periodic.stopped else job.train_steps
     log = _TrainLog(writer, optimizer, global_batch_size=cfg.global_batch_size, start_step=start_step)
     losses = [None]
     # Keras runs no batch-level callbacks under parameter servers, so there is no point to save at on SIGTERM
@@ -491,9 +600,12 @@ def fit_loop(job: Job) -> TrainResult:
       callback = _FitReporting.create(keeper, optimizer, log, log_every_steps=cfg.log_every_steps,
                                       train_steps=job.train_steps, batch_level=not parameter_server,
                                       guard=_LossGuard(start_step), checkpoint_every_secs=cfg.checkpoint_every_secs,
-                                      watcher=watcher, agree=_agreement(job), peers_moved=job.peers_moved)
-      for initial_epoch, epochs, epoch_steps in fit_calls(start_step, job.train_steps, cfg.checkpoint_every_steps,
+                                      watcher=watcher, agree=_agreement(job), peers_moved=job.peers_moved,
+                                      periodic=periodic, eval_every_steps=cfg.eval_every_steps)
+      for initial_epoch, epochs, epoch_steps in fit_calls(start_step, total_steps, cfg.checkpoint_every_steps,
                                                           stop_at_final_step=not parameter_server):
+        if periodic is not None and periodic.stopped:
+          break
         if parameter_server:
           train_data = tf.keras.utils.experimental.DatasetCreator(job.dataset_fn("train", select=names))
         else:
@@ -502,13 +614,14 @@ def fit_loop(job: Job) -> TrainResult:
                             callbacks=[callback], verbose=0)
         losses = history.history.get("loss") or losses
     final_step = int(optimizer.iterations.numpy())
-    job.peers_moved("the evaluation pass")
-    eval_metrics = evaluation.evaluate(job, model, objective)
-    if eval_metrics:
-      writer.write("eval", final_step, eval_metrics)
+    if final_step < job.train_steps:
+      keeper.save(final_step)  # stopped early: a restart finds the run done at this step
+    eval_metrics = _final_evaluation(job, model, objective, writer, periodic, final_step)
     return TrainResult(final_step=final_step, resumed_from_step=start_step, train_loss=losses[-1],
                        examples_per_sec=log.examples_per_sec, eval_metrics=eval_metrics, model=model)
   finally:
+    if periodic is not None:
+      periodic.close()
     if writer is not None:
       writer.close()
     keeper.close()

@@ -1,0 +1,242 @@
+"""The training recipe: learning-rate schedule with warmup, optimizer with weight decay and gradient clipping,
+class weights, mixed precision, and the eval metrics early stopping may watch.
+
+Everything here is built from `TrainConfig` and the schema, and is the same under both loops and every
+strategy. What needs care under `tf.distribute`:
+
+- Gradient clipping must see the gradient of the global batch. Keras 3's optimizers clip each replica's own
+  gradient before they are summed (`BaseOptimizer.apply` clips, then `_backend_update_step` all-reduces), so
+  under N replicas `global_clipnorm` would clip N partial gradients. Here the clip sums the replicas' gradients
+  first (one extra all-reduce, only with --clip_norm), clips the sum, and hands each replica 1/N of it, which
+  the optimizer's own all-reduce sums back to the clipped gradient. tf_keras (TF_USE_LEGACY_KERAS=1) already
+  aggregates before clipping, so it gets `global_clipnorm` as it is.
+- The schedule reads the optimizer's step counter, which checkpoints restore: a resumed run continues on the
+  same curve.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Iterable, Sequence
+
+from trainer import config as config_lib
+from trainer import schema as schema_lib
+from trainer.errors import UserError
+
+ADAMW_DEFAULT_WEIGHT_DECAY = 0.004  # Keras' own AdamW default
+_DEFAULT_DECAY_TO = {"cosine": 0.0, "linear": 0.0, "exponential": 0.01}
+# Eval metrics and whether larger is better (for early stopping and --export=best).
+_HIGHER_IS_BETTER = {"loss": False, "mae": False, "accuracy": True, "auc": True, "precision": True, "recall": True}
+
+
+def lr_at(step: float, *, peak: float, schedule: str, warmup_steps: int, total_steps: int,
+          decay_to: float | None = None) -> float:
+  """The learning rate after `step` updates, in plain Python (the graph version below computes the same)."""
+  if warmup_steps and step < warmup_steps:
+    return peak * (step + 1) / warmup_steps
+  return peak * _decay_factor(min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps)), schedule,
+                              _decay_to(schedule, decay_to), math)
+
+
+def _decay_to(schedule: str, decay_to: float | None) -> float:
+  return _DEFAULT_DECAY_TO.get(schedule, 1.0) if decay_to is None else decay_to
+
+
+def _decay_factor(progress, schedule: str, final: float, ops):
+  """The multiplier of the peak rate at `progress` in [0, 1] of the decay phase; `ops` is math or tf.math."""
+  if schedule == "cosine":
+    return final + (1 - final) * 0.5 * (1 + ops.cos(math.pi * progress))
+  if schedule == "linear":
+    return 1 - (1 - final) * progress
+  if schedule == "exponential":
+    return ops.exp(math.log(final) * progress)  # final ** progress
+  return 1.0 + 0 * progress
+
+
+def learning_rate(train: config_lib.TrainConfig, total_steps: int):
+  """--learning_rate as a float, or a Keras LearningRateSchedule for --lr_schedule / --warmup_steps."""
+  if train.lr_schedule == "constant" and not train.warmup_steps:
+    return train.learning_rate
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  peak, schedule, warmup = train.learning_rate, train.lr_schedule, train.warmup_steps
+  final = _decay_to(schedule, train.lr_decay_to)
+  decay_steps = max(1, total_steps - warmup)
+
+  class WarmupThenDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warmup to the peak rate over `warmup` updates, then the decay over the remaining steps."""
+
+    def __call__(self, step):
+      step = tf.cast(step, tf.float32)
+      progress = tf.clip_by_value((step - warmup) / decay_steps, 0.0, 1.0)
+      decayed = peak * _decay_factor(progress, schedule, final, tf.math)
+      if not warmup:
+        return decayed
+      return tf.where(step < warmup, peak * (step + 1) / warmup, decayed)
+
+    def get_config(self):
+      return {"peak": peak, "schedule": schedule, "warmup_steps": warmup, "total_steps": total_steps,
+              "decay_to": final}
+
+  return WarmupThenDecay()
+
+
+def current_learning_rate(optimizer) -> float:
+  """The rate the next update uses (a schedule evaluated at the optimizer's step)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  rate = getattr(optimizer, "inner_optimizer", optimizer)._learning_rate  # pylint: disable=protected-access
+  if isinstance(rate, tf.keras.optimizers.schedules.LearningRateSchedule):
+    return float(rate(optimizer.iterations))
+  return float(tf.convert_to_tensor(optimizer.learning_rate))
+
+
+def make_optimizer(train: config_lib.TrainConfig, total_steps: int, *, keras_version: str):
+  """The optimizer --optimizer names, with the schedule, weight decay, clipping and (mixed_float16) loss
+  scaling. Build it inside `strategy.scope()`."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  classes = {"adam": tf.keras.optimizers.Adam, "adamw": tf.keras.optimizers.AdamW, "sgd": tf.keras.optimizers.SGD,
+             "adagrad": tf.keras.optimizers.Adagrad, "rmsprop": tf.keras.optimizers.RMSprop}
+  kwargs: dict[str, Any] = {"learning_rate": learning_rate(train, total_steps)}
+  weight_decay = train.weight_decay
+  if weight_decay is None and train.optimizer == "adamw":
+    weight_decay = ADAMW_DEFAULT_WEIGHT_DECAY
+  if weight_decay:
+    kwargs["weight_decay"] = weight_decay
+  optimizer_class = classes[train.optimizer]
+  if train.clip_norm:
+    if keras_version.startswith("3."):
+      optimizer_class = _clipping_after_all_reduce(optimizer_class, train.clip_norm)
+    else:
+      kwargs["global_clipnorm"] = train.clip_norm
+  optimizer = optimizer_class(**kwargs)
+  if train.precision == "mixed_float16":
+    optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+  return optimizer
+
+
+def _clipping_after_all_reduce(optimizer_class, clip_norm: float):
+  """`optimizer_class` whose clipping sees the gradient summed over all replicas (see the module docstring)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  def _clip_gradients(self, grads):
+    del self
+    context = tf.distribute.get_replica_context()
+    replicas = context.num_replicas_in_sync if context is not None else 1
+    present = [i for i, g in enumerate(grads) if g is not None]
+    # Dense: an embedding's IndexedSlices would be summed as a concatenation and cannot be divided.
+    values = [tf.convert_to_tensor(grads[i]) for i in present]
+    if replicas > 1:
+      values = context.all_reduce(tf.distribute.ReduceOp.SUM, values)
+    clipped, _ = tf.clip_by_global_norm(values, clip_norm)
+    out = list(grads)
+    for i, value in zip(present, clipped):
+      out[i] = value / replicas if replicas > 1 else value
+    return out
+
+  return type(f"GlobalNormClipped{optimizer_class.__name__}", (optimizer_class,),
+              {"_clip_gradients": _clip_gradients})
+
+
+def set_precision(precision: str) -> None:
+  """The Keras dtype policy for the layers built next (set every time: in-process runs must not inherit one)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  tf.keras.mixed_precision.set_global_policy(precision)
+
+
+# ----- class weights ------------------------------------------------------------------------------------------
+
+
+def class_weights(train: config_lib.TrainConfig, schema: schema_lib.Schema,
+                  sample_labels: Iterable[Any] | None = None) -> tuple[float, ...] | None:
+  """Per-class loss weights by class id from --class_weights, or None.
+
+  Args:
+    train: the config (--class_weights: "balanced" or a JSON object {class: weight}).
+    schema: the task and the label's classes (ids 0..n-1, or the vocabulary of a string label).
+    sample_labels: label values of a sample of the training data, for "balanced".
+
+  "balanced" weighs class c by n / (k * n_c), as scikit-learn's `compute_class_weight` does; a class absent
+  from the sample gets weight 1. A JSON object may name some classes; the others get weight 1.
+  """
+  spec = train.class_weights
+  if spec is None:
+    return None
+  flag = f"--class_weights={spec}"
+  if schema.task != "classification":
+    raise UserError(f"{flag}: class weights need a classification task; label {schema.label.name!r} is a "
+                    "regression target (omit --class_weights)")
+  num_classes = schema.label.num_classes
+  names = list(schema.label.vocabulary or ())
+  if spec == "balanced":
+    counts = [0] * num_classes
+    for value in sample_labels or ():
+      index = _class_index(value, names, num_classes)
+      if index is not None:
+        counts[index] += 1
+    total = sum(counts)
+    if not total:
+      raise UserError(f"{flag}: no labels were read from the training data to count the classes")
+    return tuple(total / (num_classes * c) if c else 1.0 for c in counts)
+  try:
+    given = json.loads(spec)
+  except json.JSONDecodeError:
+    given = None
+  if not isinstance(given, dict) or not given:
+    raise UserError(f"{flag}: expected 'balanced' or a JSON object of class -> weight, e.g. "
+                    f"'{{\"{names[0] if names else 0}\": 1.0, \"{names[1] if names else 1}\": 5.0}}'")
+  weights = [1.0] * num_classes
+  accepted = ", ".join(names) if names else f"0..{num_classes - 1}"
+  for key, weight in given.items():
+    index = _class_index(key, names, num_classes)
+    if index is None:
+      raise UserError(f"{flag}: {key!r} is not a class of label {schema.label.name!r} (classes: {accepted})")
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:
+      raise UserError(f"{flag}: the weight of class {key!r} must be a number >= 0, got {weight!r}")
+    weights[index] = float(weight)
+  if not any(weights):
+    raise UserError(f"{flag}: every class has weight 0; nothing would be learned")
+  return tuple(weights)
+
+
+def _class_index(value: Any, names: Sequence[str], num_classes: int) -> int | None:
+  if isinstance(value, bytes):
+    value = value.decode("utf-8", "replace")
+  if names:
+    return names.index(str(value)) if str(value) in names else None
+  try:
+    index = int(float(value))
+  except (TypeError, ValueError):
+    return None
+  return index if 0 <= index < num_classes and float(value) == index else None
+
+
+# ----- eval metrics -------------------------------------------------------------------------------------------
+
+
+def metric_names(schema: schema_lib.Schema) -> tuple[str, ...]:
+  """The eval metrics `objective.Objective.finalize` reports for the schema's task."""
+  if schema.task != "classification":
+    return ("loss", "mae")
+  if schema.label.num_classes == 2:
+    return ("loss", "accuracy", "auc", "precision", "recall")
+  return ("loss", "accuracy")
+
+
+def higher_is_better(metric: str) -> bool:
+  return _HIGHER_IS_BETTER[metric]
+
+
+def check_for_schema(train: config_lib.TrainConfig, schema: schema_lib.Schema) -> None:
+  """What the recipe asks of the task, checked once the schema is known (before any training)."""
+  available = metric_names(schema)
+  for flag, metric in (("--early_stopping_metric", train.early_stopping_metric),
+                       ("--hypertune_metric", train.hypertune_metric)):
+    if metric is not None and metric not in available:
+      raise UserError(f"{flag}={metric}: not an eval metric of this {schema.task} task; available: "
+                      f"{', '.join(available)}")
+  if train.class_weights is not None and schema.task != "classification":
+    class_weights(train, schema)  # raises the one-line error
