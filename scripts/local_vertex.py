@@ -109,11 +109,17 @@ def run(args) -> int:
       client.create_bucket(args.bucket)
     archive = submit.build_sdist(os.path.join(job_dir, "dist"))
     uri = submit.package_uri(args.bucket, archive)
-    submit.upload(archive, uri, client=client)
+    extras = submit.stage_extra_packages(args.extra_package, args.bucket, os.path.join(job_dir, "dist"))
+    for local, remote in [(archive, uri), *extras]:
+      submit.upload(local, remote, client=client)
     for pool in pools:
       if pool and pool.get("pythonPackageSpec"):
         pool["pythonPackageSpec"]["packageUris"] = [uri]
-    site = install_package(uri, os.path.join(job_dir, "site"), client=client)
+    submit.add_package_uris(body, [u for _, u in extras])
+    # Every packageUri, trainer first, into the one dir each replica imports from (Vertex pip-installs them all).
+    site = os.path.join(job_dir, "site")
+    for package in pools[0]["pythonPackageSpec"]["packageUris"]:
+      install_package(package, site, client=client)
     module_file = os.path.join(site, *module.split(".")) + ".py"
     if not os.path.exists(module_file):
       raise LocalRunError(f"pythonModule {module!r} is not in the package {uri} (no {module_file})")
@@ -150,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--run_id", default=None)
   parser.add_argument("--args", action="append", default=[], help="extra trainer arg (repeatable)")
   parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for every trainer replica")
+  parser.add_argument("--extra_package", action="append", default=[], metavar="PATH",
+                      help="your own package for every replica (repeatable): a directory with pyproject.toml or "
+                           "setup.py, or a built sdist/wheel; staged and installed beside the trainer")
   parser.add_argument("--replica_count", action="append", default=[], help="POOL=N: run N replicas of pool POOL")
   parser.add_argument("--restart_failed", type=int, default=0, help="restart a failed replica up to N times")
   parser.add_argument("--timeout_secs", type=float, default=1800)

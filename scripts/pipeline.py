@@ -268,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--max_concurrent_runs", type=int, default=1)
   parser.add_argument("--max_runs", type=int, default=None)
   parser.add_argument("--local_arg", action="append", default=[], help="local: extra local_vertex.py flag")
+  parser.add_argument("--extra_package", action="append", default=[], metavar="PATH",
+                      help="your own package for the training step's replicas (repeatable): a directory with "
+                           "pyproject.toml or setup.py, or a built sdist/wheel; staged and listed in packageUris")
   parser.add_argument("--dry_run", action="store_true")
   parser.add_argument("--api_endpoint", default=os.environ.get("VERTEX_API_ENDPOINT"), help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
@@ -295,31 +298,37 @@ def _main(args) -> int:
   load_config(args.config, {**values, "PACKAGE_URI": f"gs://{args.bucket}/staging/pending.tar.gz"})
   if args.command == "local":
     config = load_config(args.config, {**values, "PACKAGE_URI": f"gs://{args.bucket}/staging/local.tar.gz"})
-    result = run_local(config, params, bucket=args.bucket, run_id=run_id, extra=args.local_arg)
+    result = run_local(config, params, bucket=args.bucket, run_id=run_id,
+                       extra=args.local_arg + [f"--extra_package={p}" for p in args.extra_package])
     print(json.dumps(result, default=str))
     return 0
   with tempfile.TemporaryDirectory(prefix="pipeline-") as scratch:
     archive = submit_lib.build_sdist(scratch)
     uri = submit_lib.package_uri(args.bucket, archive)
+    extras = submit_lib.stage_extra_packages(args.extra_package, args.bucket, scratch)
     config = load_config(args.config, {**values, "PACKAGE_URI": uri})
+    submit_lib.add_package_uris(config.body, [u for _, u in extras])  # compiled into the training step
     output = args.output if args.command == "compile" else os.path.join(scratch, "pipeline.yaml")
     compile_pipeline(config, output)
     if args.command == "compile":
-      print(f"compiled {output} (training pools from {args.config}; stage {archive} to {uri} before running)")
+      staging = "; ".join(f"{local} to {remote}" for local, remote in [(archive, uri), *extras])
+      print(f"compiled {output} (training pools from {args.config}; stage {staging} before running)")
       return 0
     if not args.project:
       raise PipelineError("--project is required (or set PROJECT)")
     parameter_values = {"project": args.project, "location": args.region, **params}
     display_name = f"{PIPELINE_NAME}-{run_id}"
     request = {"displayName": display_name, "pipelineRoot": f"gs://{args.bucket}/pipeline-root",
-               "parameterValues": parameter_values, "package": uri}
+               "parameterValues": parameter_values, "package": uri,
+               "extraPackages": [u for _, u in extras]}
     if args.command == "schedule":
       request["schedule"] = {"cron": f"TZ={args.time_zone} {args.cron}", "maxConcurrentRunCount": args.max_concurrent_runs,
                              "startTime": args.start_time, "endTime": args.end_time, "maxRunCount": args.max_runs}
     if args.dry_run:
       print(json.dumps(request, indent=2))
       return 0
-    submit_lib.upload(archive, uri)
+    for local, remote in [(archive, uri), *extras]:
+      submit_lib.upload(local, remote)
     with open(output) as f:
       template = yaml.safe_load(f)
     job = pipeline_job(template, display_name=display_name, pipeline_root=request["pipelineRoot"],

@@ -47,11 +47,57 @@ def build_sdist(out_dir: str) -> str:
   return archive
 
 
-def package_uri(bucket: str, archive: str) -> str:
+PACKAGE_ARCHIVES = (".tar.gz", ".zip", ".whl")
+
+
+def build_extra_package(path: str, out_dir: str) -> str:
+  """--extra_package: a built sdist/wheel as it is, or a project directory (pyproject.toml or setup.py) built
+  into a wheel with the local toolchain (no build isolation: nothing is fetched). Returns the archive."""
+  if os.path.isfile(path):
+    if not path.endswith(PACKAGE_ARCHIVES):
+      raise SubmitError(f"--extra_package={path}: not a package archive; expected a directory with pyproject.toml "
+                        f"or setup.py, or a built {', '.join(PACKAGE_ARCHIVES)}")
+    return path
+  if not os.path.isdir(path):
+    raise SubmitError(f"--extra_package={path}: no such file or directory")
+  if not any(os.path.exists(os.path.join(path, name)) for name in ("pyproject.toml", "setup.py")):
+    raise SubmitError(f"--extra_package={path}: the directory has no pyproject.toml or setup.py to build it from")
+  wheel_dir = tempfile.mkdtemp(prefix="wheel-", dir=out_dir)
+  result = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                           "--no-index", "-w", wheel_dir, path], capture_output=True, text=True, check=False)
+  if result.returncode:
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    raise SubmitError(f"--extra_package={path}: building it failed ({lines[-1].strip() if lines else 'pip wheel'})")
+  (archive,) = glob.glob(os.path.join(wheel_dir, "*.whl"))
+  return archive
+
+
+def add_package_uris(body: dict, uris: list[str]) -> None:
+  """Lists `uris` after the trainer's in every Python-package pool's packageUris (Vertex installs them all)."""
+  for pool in body.get("workerPoolSpecs", []):
+    spec = (pool or {}).get("pythonPackageSpec")
+    if spec is not None:
+      spec["packageUris"] = list(spec.get("packageUris", [])) + [u for u in uris if u not in spec.get("packageUris", [])]
+
+
+def stage_extra_packages(paths_given: list[str], bucket: str, out_dir: str) -> list[tuple[str, str]]:
+  """(archive, gs:// URI) for each --extra_package, built and named by content like the trainer's sdist."""
+  return [(archive, package_uri(bucket, archive, suffix=_archive_suffix(archive)))
+          for archive in (build_extra_package(p, out_dir) for p in paths_given)]
+
+
+def _archive_suffix(archive: str) -> str:
+  return next(s for s in PACKAGE_ARCHIVES if archive.endswith(s))
+
+
+def package_uri(bucket: str, archive: str, *, suffix: str = ".tar.gz") -> str:
   """Content-addressed staging path, so a job always runs exactly the code it was submitted with."""
   with open(archive, "rb") as f:
     digest = hashlib.sha256(f.read()).hexdigest()[:12]
-  name = os.path.basename(archive).replace(".tar.gz", f"-{digest}.tar.gz")
+  base = os.path.basename(archive)
+  if suffix == ".whl":  # a wheel's file name is parsed by pip: the digest goes in a directory instead
+    return f"gs://{bucket}/staging/{digest}/{base}"
+  name = base[:-len(suffix)] + f"-{digest}{suffix}"
   return f"gs://{bucket}/staging/{name}"
 
 
@@ -171,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--args", action="append", default=[], help="extra trainer arg (repeatable)")
   parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for every trainer replica")
   parser.add_argument("--image", default=None, help="override both CPU and GPU executor images")
+  parser.add_argument("--extra_package", action="append", default=[], metavar="PATH",
+                      help="your own package for every replica (repeatable): a directory with pyproject.toml or "
+                           "setup.py, or a built sdist/wheel; staged next to the trainer, listed in packageUris")
   parser.add_argument("--dry_run", action="store_true", help="print the request and gcloud command; send nothing")
   parser.add_argument("--no_follow", action="store_true")
   parser.add_argument("--api_endpoint", default=os.environ.get("VERTEX_API_ENDPOINT"), help=argparse.SUPPRESS)
@@ -201,8 +250,10 @@ def _submit(args) -> int:
     check_trainer_args(apply_overrides(pending, args.args, env), pending.kind)
     archive = build_sdist(scratch)
     uri = package_uri(args.bucket, archive)
+    extras = stage_extra_packages(args.extra_package, args.bucket, scratch)
     config = vertex_config.load(args.config, {**values, "PACKAGE_URI": uri})
     body = apply_overrides(config, args.args, env)
+    add_package_uris(body, [u for _, u in extras])
     request = request_for(config.kind, body, display_name)
     parent = f"projects/{args.project}/locations/{args.region}"
     if args.dry_run:
@@ -211,13 +262,15 @@ def _submit(args) -> int:
       with open(rendered, "w") as f:
         yaml.safe_dump(body, f, sort_keys=False)
       print(json.dumps({"parent": parent, "package": {"local": "(built at submit time)", "uri": uri},
+                        "extra_packages": [{"local": a, "uri": u} for a, u in extras],
                         "request": request}, indent=2))
       print(f"# config written to {rendered}; upload the sdist to {uri}, then:")
       print(gcloud_command(config.kind, project=args.project, region=args.region, display_name=display_name,
                            config_file=rendered))
       return 0
-    upload(archive, uri)
-    print(f"staged {os.path.basename(archive)} -> {uri}", flush=True)
+    for local, remote in [(archive, uri), *extras]:
+      upload(local, remote)
+      print(f"staged {os.path.basename(local)} -> {remote}", flush=True)
     client = job_client(args.region, args.api_endpoint)
     job = create_job(client, config.kind, parent, request)
     print(f"submitted {job.name}", flush=True)

@@ -11,6 +11,7 @@ import time
 import pytest
 
 import procs
+import user_package
 from scripts import local_vertex
 from scripts.localrun import planning
 from scripts import stage_data
@@ -134,6 +135,31 @@ def test_crashing_replica_fails_the_job_quickly(staged, gcs, tmp_path):
   assert not _children_of(job_dir)
 
 
+def test_a_users_package_staged_beside_the_trainer_runs_on_a_two_process_job(staged, tmp_path, capsys):
+  """--extra_package: built into a wheel, staged to the bucket, listed after the trainer in packageUris and
+  installed with it; both replicas of a MultiWorkerMirrored job import the user's build_fn from there."""
+  project = user_package.write(str(tmp_path / "churn-models"))
+  code, job_dir = _run(tmp_path, "--config=cloud_configs/multi_worker_gpu.yaml", "--run_id=extra-package",
+                       "--replica_count=1=1", f"--extra_package={project}", f"--args={user_package.MODEL_FLAG}",
+                       "--args=--train_steps=60", "--args=--global_batch_size=64", "--args=--eval_steps=4")
+  out = capsys.readouterr().out
+  assert code == 0, out + open(f"{job_dir}/workerpool0-0.log").read()[-3000:]
+  for replica in ("workerpool0-0", "workerpool1-0"):
+    log = open(f"{job_dir}/{replica}.log").read()
+    assert f"churn_models: built from {job_dir}/site/churn_models/__init__.py" in log, log[-3000:]
+    assert "Traceback" not in log
+  assert '"strategy": "MultiWorkerMirroredStrategy"' in open(f"{job_dir}/workerpool0-0.log").read()
+  assert os.path.exists(f"{job_dir}/site/churn_models/__init__.py")  # installed beside the trainer
+  staged_wheels = [b.name for b in _bucket_blobs("staging/") if b.name.endswith("churn_models-0.1.0-py3-none-any.whl")]
+  assert staged_wheels, "the wheel was not staged"
+
+
+def _bucket_blobs(prefix):
+  from google.cloud import storage  # pylint: disable=g-import-not-at-top  (the session emulator: STORAGE_EMULATOR_HOST)
+
+  return list(storage.Client(project="p").list_blobs("test-bucket", prefix=prefix))
+
+
 def test_bad_inputs_start_nothing(staged, tmp_path, capsys):
   bad = tmp_path / "bad.yaml"
   bad.write_text(open(os.path.join(procs.REPO, "cloud_configs", "single_cpu.yaml")).read()
@@ -163,6 +189,10 @@ def test_bad_inputs_start_nothing(staged, tmp_path, capsys):
        r"^error: --preempt='workerpool0-0': expected REPLICA@SECONDS"),
       (["--config=cloud_configs/single_cpu.yaml", "--preempt_grace_secs=-1"],
        r"^error: --preempt_grace_secs=-1.0: expected seconds >= 0"),
+      (["--config=cloud_configs/single_cpu.yaml", f"--extra_package={tmp_path}/no-such-package"],
+       r"^error: --extra_package=.*/no-such-package: no such file or directory$"),
+      (["--config=cloud_configs/single_cpu.yaml", f"--extra_package={procs.REPO}/tests"],
+       r"^error: --extra_package=.*/tests: the directory has no pyproject.toml or setup.py to build it from$"),
   ]
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))

@@ -9,6 +9,7 @@ import yaml
 
 import fake_vertex
 import procs
+import user_package
 from scripts import pipeline
 from scripts import stage_data
 from scripts import vertex_config
@@ -36,6 +37,20 @@ def test_compiled_training_step_has_the_config_pools(tmp_path, capsys):
   assert set(compiled["root"]["inputDefinitions"]["parameters"]) == {
       "project", "location", "train_data", "eval_data", "base_output_dir", "train_steps", "learning_rate",
       "global_batch_size"}
+
+
+def test_compiled_training_step_installs_the_users_package(tmp_path, capsys):
+  project = user_package.write(str(tmp_path / "churn-models"))
+  output = tmp_path / "pipeline.yaml"
+  assert pipeline.main(["compile", f"--config={CONFIG}", "--bucket=bkt", "--run_id=r1", f"--output={output}",
+                        f"--extra_package={project}"]) == 0
+  tasks = yaml.safe_load(output.read_text())["root"]["dag"]["tasks"]
+  base_specs = json.loads(tasks["worker-pool-specs"]["inputs"]["parameters"]["base_specs"]["runtimeValue"]["constant"])
+  printed = capsys.readouterr().out
+  for pool in base_specs:
+    trainer_uri, wheel_uri = pool["pythonPackageSpec"]["packageUris"]
+    assert trainer_uri.endswith(".tar.gz") and wheel_uri.endswith("/churn_models-0.1.0-py3-none-any.whl")
+    assert f"to {wheel_uri}" in printed  # the compile step says where to stage it
 
 
 def test_worker_pool_specs_step_appends_run_parameters():

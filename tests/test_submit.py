@@ -14,6 +14,7 @@ from google.protobuf import json_format
 
 import fake_vertex
 import procs
+import user_package
 from scripts import submit
 from scripts import vertex_config
 
@@ -173,6 +174,23 @@ def test_submission_is_captured_and_parses_into_the_api_type(gcs, capsys):
   assert "JOB_STATE_SUCCEEDED" in out
 
 
+def test_extra_packages_are_staged_and_listed_after_the_trainer(gcs, capsys, tmp_path):
+  project = user_package.write(str(tmp_path / "churn-models"))
+  with fake_vertex.running() as fake:
+    code = submit.main(["--config=cloud_configs/multi_worker_gpu.yaml", "--project=proj", "--bucket=test-bucket",
+                        "--run_id=t2", f"--extra_package={project}", f"--args={user_package.MODEL_FLAG}",
+                        f"--api_endpoint={fake.endpoint}", "--no_follow"])
+    assert code == 0, capsys.readouterr()
+    (body,) = fake.created("customJobs")
+  job = aiplatform_v1.CustomJob()
+  json_format.ParseDict(body, job._pb)  # pylint: disable=protected-access
+  for pool in job.job_spec.worker_pool_specs:
+    trainer_uri, wheel_uri = pool.python_package_spec.package_uris
+    assert trainer_uri.endswith(".tar.gz") and "/vertex-tf-trainer-" in trainer_uri
+    assert wheel_uri.endswith("/churn_models-0.1.0-py3-none-any.whl")  # pip parses a wheel's name: kept as is
+    assert wheel_uri[len("gs://test-bucket/"):] in _list("staging/")
+
+
 def test_hp_tuning_submission(gcs, capsys):
   with fake_vertex.running() as fake:
     code = submit.main(["--config=cloud_configs/hp_tuning.yaml", "--project=proj", "--bucket=test-bucket",
@@ -217,6 +235,10 @@ def test_dry_run_prints_request_and_an_equivalent_gcloud_command(capsys):
     (["--config=cloud_configs/parameter_server.yaml", "--project=p", "--bucket=test-bucket", "--dry_run",
       "--args=--train_steps=-1"],
      r"^error: workerpool0: trainer args rejected: --train_steps must be a positive integer, got -1$"),
+    (["--config=cloud_configs/single_cpu.yaml", "--project=p", "--bucket=test-bucket",
+      "--extra_package=setup.py"],
+     r"^error: --extra_package=setup.py: not a package archive; expected a directory with pyproject.toml or "
+     r"setup.py, or a built .tar.gz, .zip, .whl$"),
     (["--config=cloud_configs/single_cpu.yaml", "--project=p", "--bucket=Bad Bucket!"],
      r"^error: --bucket='Bad Bucket!' is not a Cloud Storage bucket name"),
 ])
