@@ -573,15 +573,16 @@ def fit_loop(job: Job) -> TrainResult:
                  strategy.num_replicas_in_sync)
     jit_compile = False
   model, optimizer = _build_model_and_optimizer(job)
-  metrics = objective.keras_metrics()
   compiled = getattr(model, "user_compile", None)
+  user_metrics = []
   if compiled is not None and compiled.activation is None and not compiled.binary_unit:
-    metrics += list(compiled.metrics)  # the model's outputs are as the user wrote them: their metrics fit them
+    user_metrics = list(compiled.metrics)  # the model's outputs are as the user wrote them: their metrics fit them
   elif compiled is not None and compiled.metrics:
     logging.info("The plug-in's own %d metric(s) are not computed: they were written for its %s outputs, which "
                  "the trainer turns into logits; eval reports %s", len(compiled.metrics),
                  compiled.activation or "one-unit", ", ".join(recipe.metric_names(job.schema)))
-  with strategy.scope():
+  with strategy.scope():  # metrics too: tf_keras refuses metric objects made outside the model's strategy scope
+    metrics = objective.keras_metrics() + user_metrics
     model.compile(optimizer=optimizer, loss=_train_objective(job, model).keras_loss(), metrics=metrics,
                   steps_per_execution=steps_per_execution, run_eagerly=cfg.run_eagerly, jit_compile=jit_compile)
   names = models.input_names(model)
