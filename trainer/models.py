@@ -138,9 +138,7 @@ def user_compile(model, schema: schema_lib.Schema) -> UserCompile | None:
     metrics = getattr(getattr(model, "compiled_metrics", None), "_user_metrics", None)
   if isinstance(metrics, dict) or isinstance(loss, (dict, list)):
     return None  # per-output losses or metrics: the model has one output here, so these are not ours to map
-  units = _output_units(model, schema)
-  binary = schema.task == "classification" and schema.label.num_classes == 2 and units == 1
-  activation = output_activation(model) if schema.task == "classification" else None
+  activation, _, binary = _output_form(model, schema)
   return UserCompile(loss=loss, optimizer=optimizer, metrics=tuple(metrics or ()), activation=activation,
                      binary_unit=binary)
 
@@ -249,9 +247,7 @@ def adapt_to_contract(model, schema: schema_lib.Schema, *, flag: str):
   string_inputs = tuple(name for name, tensor in zip(names or (), getattr(model, "inputs", None) or ())
                         if name in features and features[name].is_categorical
                         and "string" in str(getattr(tensor, "dtype", "")))
-  activation = output_activation(model) if schema.task == "classification" else None
-  units = _output_units(model, schema)
-  binary = schema.task == "classification" and schema.label.num_classes == 2 and units == 1
+  activation, units, binary = _output_form(model, schema)
   if activation == "sigmoid" and units not in (1, None):
     raise UserError(f"{flag}: the model ends in a sigmoid over {units} units (independent probabilities, a "
                     f"multi-label output); a classifier of label {schema.label.name!r} needs softmax over "
@@ -268,14 +264,22 @@ def _is_unbuilt_sequential(model) -> bool:
   return isinstance(model, tf.keras.Sequential) and not getattr(model, "inputs", None)
 
 
-def _output_units(model, schema: schema_lib.Schema) -> int | None:
+def _output_units(model) -> int | None:
   outputs = getattr(model, "outputs", None)
   if outputs and len(outputs) == 1 and outputs[0].shape and len(outputs[0].shape) == 2:
     return outputs[0].shape[-1]
   if _is_unbuilt_sequential(model) and getattr(model.layers[-1], "units", None):
     return model.layers[-1].units
-  del schema
   return None
+
+
+def _output_form(model, schema: schema_lib.Schema) -> tuple[str | None, int | None, bool]:
+  """(output activation for a classifier, output units, one unit for a two-class task): what the adapter
+  wraps, and what a compiled plug-in's own loss expects back."""
+  units = _output_units(model)
+  classification = schema.task == "classification"
+  binary = classification and schema.label.num_classes == 2 and units == 1
+  return (output_activation(model) if classification else None), units, binary
 
 
 def _contract_layers():

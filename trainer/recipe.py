@@ -231,12 +231,11 @@ def higher_is_better(metric: str) -> bool:
 
 
 def check_for_schema(train: config_lib.TrainConfig, schema: schema_lib.Schema) -> None:
-  """What the recipe asks of the task, checked once the schema is known (before any training)."""
+  """The metrics the recipe names, checked once the schema is known (before any training); --class_weights is
+  checked where it is resolved (`class_weights`)."""
   available = metric_names(schema)
   for flag, metric in (("--early_stopping_metric", train.early_stopping_metric),
                        ("--hypertune_metric", train.hypertune_metric)):
     if metric is not None and metric not in available:
       raise UserError(f"{flag}={metric}: not an eval metric of this {schema.task} task; available: "
                       f"{', '.join(available)}")
-  if train.class_weights is not None and schema.task != "classification":
-    class_weights(train, schema)  # raises the one-line error
