@@ -54,7 +54,7 @@ def test_a_resumed_optimizer_continues_on_the_curve():
 
 def test_adamw_decays_weights_and_weight_decay_reaches_other_optimizers():
   adamw = recipe.make_optimizer(_train_config(optimizer="adamw"), 10, keras_version="3")
-  assert type(adamw).__name__ == "AdamW" and adamw.weight_decay == pytest.approx(0.004)
+  assert isinstance(adamw, tf.keras.optimizers.AdamW) and adamw.weight_decay == pytest.approx(0.004)
   sgd = recipe.make_optimizer(_train_config(optimizer="sgd", learning_rate=0.5, weight_decay=0.1), 10,
                               keras_version="3")
   weight = tf.Variable([2.0])
@@ -72,8 +72,13 @@ _CLIP_SCRIPT = textwrap.dedent("""
     clip = float(sys.argv[1])
     with strategy.scope():
       weight = tf.Variable([0.0, 0.0])
-      optimizer = recipe.make_optimizer(config_lib.TrainConfig(optimizer="sgd", learning_rate=1.0, clip_norm=clip),
-                                        1, keras_version=tf.keras.__version__)
+      if sys.argv[2] == "plugin":  # a compiled plug-in's own optimizer, made outside the trainer
+        optimizer = tf.keras.optimizers.SGD(learning_rate=1.0)
+        recipe.sum_in_replica_context(optimizer)
+      else:
+        optimizer = recipe.make_optimizer(
+            config_lib.TrainConfig(optimizer="sgd", learning_rate=1.0, clip_norm=clip), 1,
+            keras_version=tf.keras.__version__)
       optimizer.build([weight])
     # Replica gradients (3, 0) and (0, 4): their sum (3, 4) has norm 5, each alone has norm 3 or 4.
     grads = strategy.experimental_distribute_values_from_function(
@@ -86,11 +91,14 @@ _CLIP_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("clip,expected", [(2.5, [-1.5, -2.0]), (10.0, [-3.0, -4.0])])
-def test_clip_norm_clips_the_gradient_summed_over_replicas(clip, expected):
-  """Keras 3's own global_clipnorm would clip each replica's part first: (3,0) and (0,4) to norm 2.5 each, a
-  step of (-2.5, -2.5). The trainer's clip sees the summed (3, 4) and scales it to norm 2.5: (-1.5, -2.0)."""
-  result = subprocess.run([sys.executable, "-c", _CLIP_SCRIPT, str(clip)], env=procs.trainer_env(),
+@pytest.mark.smoke
+@pytest.mark.parametrize("clip,optimizer,expected", [(2.5, "trainer", [-1.5, -2.0]), (10.0, "trainer", [-3.0, -4.0]),
+                                                     (0.0, "trainer", [-3.0, -4.0]), (0.0, "plugin", [-3.0, -4.0])])
+def test_the_update_uses_the_gradient_summed_over_replicas(clip, optimizer, expected):
+  """Keras 3.15's own global_clipnorm would clip each replica's part first: (3,0) and (0,4) to norm 2.5 each, a
+  step of (-2.5, -2.5). The trainer's clip sees the summed (3, 4) and scales it to norm 2.5: (-1.5, -2.0).
+  Keras 3.4 (the TF 2.17 image) would not sum at all: each device would apply its own part."""
+  result = subprocess.run([sys.executable, "-c", _CLIP_SCRIPT, str(clip), optimizer], env=procs.trainer_env(),
                           capture_output=True, text=True, timeout=120, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   assert json.loads(result.stdout.strip().splitlines()[-1]) == pytest.approx(expected, rel=1e-5)

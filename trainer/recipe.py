@@ -4,11 +4,15 @@ class weights, mixed precision, and the eval metrics early stopping may watch.
 Everything here is built from `TrainConfig` and the schema, and is the same under both loops and every
 strategy. What needs care under `tf.distribute`:
 
-- Gradient clipping must see the gradient of the global batch. Keras 3's optimizers clip each replica's own
-  gradient before they are summed (`BaseOptimizer.apply` clips, then `_backend_update_step` all-reduces), so
-  under N replicas `global_clipnorm` would clip N partial gradients. Here the clip sums the replicas' gradients
-  first (one extra all-reduce, only with --clip_norm), clips the sum, and hands each replica 1/N of it, which
-  the optimizer's own all-reduce sums back to the clipped gradient. tf_keras (TF_USE_LEGACY_KERAS=1) already
+- The replicas' gradients must be summed before anything uses them. Keras 3.4 (TF 2.17, Vertex's newest
+  prebuilt image) sums them inside a `merge_call`, in cross-replica context, where its
+  `_all_reduce_sum_gradients` finds no replica context and sums nothing: each worker of a MultiWorkerMirrored
+  job applied its own gradient and the weights drifted apart (measured: chief and worker digests differed after
+  100 steps, with the same logged loss). Keras 3.15 sums them before the merge call, but after clipping, so
+  `global_clipnorm` under N replicas clips N partial gradients. So every Keras 3 optimizer here (the trainer's
+  and a compiled plug-in's) sums the gradients itself, in replica context, at the start of the update
+  (`_clip_gradients`, the first thing `apply` does with them), clips the sum when --clip_norm asks, and its own
+  all-reduce is made a no-op: the same update on Keras 3.4 and 3.15. tf_keras (TF_USE_LEGACY_KERAS=1) already
   aggregates before clipping, so it gets `global_clipnorm` as it is.
 - The schedule reads the optimizer's step counter, which checkpoints restore: a resumed run continues on the
   same curve.
@@ -106,38 +110,59 @@ def make_optimizer(train: config_lib.TrainConfig, total_steps: int, *, keras_ver
   if weight_decay:
     kwargs["weight_decay"] = weight_decay
   optimizer_class = classes[train.optimizer]
-  if train.clip_norm:
-    if keras_version.startswith("3."):
-      optimizer_class = _clipping_after_all_reduce(optimizer_class, train.clip_norm)
-    else:
-      kwargs["global_clipnorm"] = train.clip_norm
+  if keras_version.startswith("3."):
+    optimizer_class = summing_in_replica_context(optimizer_class, train.clip_norm)
+  elif train.clip_norm:
+    kwargs["global_clipnorm"] = train.clip_norm
   optimizer = optimizer_class(**kwargs)
   if train.precision == "mixed_float16":
     optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
   return optimizer
 
 
-def _clipping_after_all_reduce(optimizer_class, clip_norm: float):
-  """`optimizer_class` whose clipping sees the gradient summed over all replicas (see the module docstring)."""
+def summing_in_replica_context(optimizer_class, clip_norm: float | None = None):
+  """`optimizer_class` (Keras 3) that sums the replicas' gradients in replica context, then clips the sum to
+  `clip_norm` if given, and skips its own all-reduce (see the module docstring)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  if getattr(optimizer_class, "_sums_in_replica_context", False):
+    return optimizer_class
 
   def _clip_gradients(self, grads):
     del self
     context = tf.distribute.get_replica_context()
-    replicas = context.num_replicas_in_sync if context is not None else 1
     present = [i for i, g in enumerate(grads) if g is not None]
-    # Dense: an embedding's IndexedSlices would be summed as a concatenation and cannot be divided.
-    values = [tf.convert_to_tensor(grads[i]) for i in present]
-    if replicas > 1:
+    values = [grads[i] for i in present]
+    if context is not None and context.num_replicas_in_sync > 1 and values:
       values = context.all_reduce(tf.distribute.ReduceOp.SUM, values)
-    clipped, _ = tf.clip_by_global_norm(values, clip_norm)
+    if clip_norm:
+      values, _ = tf.clip_by_global_norm(values, clip_norm)
     out = list(grads)
-    for i, value in zip(present, clipped):
-      out[i] = value / replicas if replicas > 1 else value
+    for i, value in zip(present, values):
+      out[i] = value
     return out
 
-  return type(f"GlobalNormClipped{optimizer_class.__name__}", (optimizer_class,),
-              {"_clip_gradients": _clip_gradients})
+  def _all_reduce_sum_gradients(self, grads_and_vars):
+    del self
+    return grads_and_vars  # summed already, in _clip_gradients
+
+  return type(f"ReplicaSummed{optimizer_class.__name__}", (optimizer_class,),
+              {"_clip_gradients": _clip_gradients, "_all_reduce_sum_gradients": _all_reduce_sum_gradients,
+               "_sums_in_replica_context": True})
+
+
+def sum_in_replica_context(optimizer) -> None:
+  """Makes a Keras 3 optimizer instance made elsewhere (a compiled plug-in's) sum gradients as ours do; its own
+  clipping settings (clipnorm, global_clipnorm, clipvalue) are kept, applied after the sum."""
+  target = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer wraps the one that updates
+  base = type(target)
+  if getattr(base, "_sums_in_replica_context", False):
+    return
+  own_clip = base._clip_gradients  # pylint: disable=protected-access
+  summed = summing_in_replica_context(base)
+  summing = summed._clip_gradients  # pylint: disable=protected-access
+  target.__class__ = type(summed.__name__, (summed,),
+                          {"_clip_gradients": lambda self, grads: own_clip(self, summing(self, grads))})
 
 
 def set_precision(precision: str) -> None:

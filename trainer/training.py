@@ -107,6 +107,8 @@ def _build_model_and_optimizer(job: Job):
       logging.info("The plug-in model arrived compiled (%s): its own loss and optimizer train it; --optimizer, "
                    "--learning_rate, --lr_schedule, --weight_decay and --clip_norm do not apply",
                    compiled.describe())
+      if models.keras_version().startswith("3."):
+        recipe.sum_in_replica_context(optimizer)  # Keras 3.4 would not sum the replicas' gradients at all
       if cfg.precision == "mixed_float16" and not isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer):
         optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
     else:
