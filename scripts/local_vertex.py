@@ -4,7 +4,8 @@
         --args=--train_steps=300
 
 What each replica gets is Vertex's contract: the trainer sdist built, staged to the (emulated) bucket and
-installed into an isolated dir as the executor does from `packageUris`; CLUSTER_SPEC (workerpoolN) and TF_CONFIG
+installed into an isolated dir as the executor does from `packageUris` (a containerSpec pool: as the
+Dockerfile installs it into the image, and the container's command and args run here without Docker); CLUSTER_SPEC (workerpoolN) and TF_CONFIG
 (chief/worker/ps/evaluator); AIP_MODEL_DIR/AIP_CHECKPOINT_DIR/AIP_TENSORBOARD_LOG_DIR from baseOutputDirectory;
 CLOUD_ML_JOB_ID; the pool's args and env. A pool's N accelerators become N logical CPU devices
 (--num_cpu_devices=N), so a "4-GPU" replica runs 4 MirroredStrategy replicas. A Reduction Server pool is not run
@@ -93,8 +94,10 @@ def run(args) -> int:
   job_dir = args.job_dir or tempfile.mkdtemp(prefix=f"{job_id}-")
   os.makedirs(job_dir, exist_ok=True)
   pools = body["workerPoolSpecs"]
-  module = pools[0]["pythonPackageSpec"]["pythonModule"]
-  count = sum(p["replicaCount"] for p in pools if p and p.get("pythonPackageSpec"))
+  command = vertex_config.trainer_command(pools[0])
+  module = command[command.index("-m") + 1] if "-m" in command else "trainer.task"
+  containers = bool(pools[0].get("containerSpec"))
+  count = sum(p["replicaCount"] for p in pools if vertex_config.trainer_spec(p))
   ports = reserve_ports(count, args.base_port)
   probe = plan_replicas(body, job_id=job_id, job_dir=job_dir, ports=ports, extra_env={})
   check_trainer_args(probe)  # before anything is built, uploaded or started
@@ -116,16 +119,22 @@ def run(args) -> int:
       if pool and pool.get("pythonPackageSpec"):
         pool["pythonPackageSpec"]["packageUris"] = [uri]
     submit.add_package_uris(body, [u for _, u in extras])
-    # Every packageUri, trainer first, into the one dir each replica imports from (Vertex pip-installs them all).
+    # Every packageUri, trainer first, into the one dir each replica imports from (Vertex pip-installs them
+    # all). A container pool gets what the Dockerfile puts in the image: the trainer from this sdist (no Docker:
+    # the container's command runs with this interpreter, see localrun.planning.local_argv).
     site = os.path.join(job_dir, "site")
-    for package in pools[0]["pythonPackageSpec"]["packageUris"]:
+    for package in [uri] if containers else pools[0]["pythonPackageSpec"]["packageUris"]:
       install_package(package, site, client=client)
     module_file = os.path.join(site, *module.split(".")) + ".py"
     if not os.path.exists(module_file):
       raise LocalRunError(f"pythonModule {module!r} is not in the package {uri} (no {module_file})")
     replicas = plan_replicas(body, job_id=job_id, job_dir=job_dir, ports=ports, extra_env={})
-    print(f"job {job_id}: {len(replicas)} replica(s), package {uri}, logs in {job_dir}", flush=True)
-    ok, reason, failed = supervise(replicas, module=module, site=site, base_env=env, timeout_secs=args.timeout_secs,
+    for warning in config.warnings:  # printed once every check has passed: a bad input stays one error line
+      print(f"warning: {warning}", file=sys.stderr)
+    kind = (f"container {pools[0]['containerSpec']['imageUri']} as {' '.join(command)} (trainer from {uri})"
+            if containers else f"package {uri}")
+    print(f"job {job_id}: {len(replicas)} replica(s), {kind}, logs in {job_dir}", flush=True)
+    ok, reason, failed = supervise(replicas, site=site, base_env=env, timeout_secs=args.timeout_secs,
                                    restart_failed=args.restart_failed, quiet=args.quiet, preemptions=preemptions,
                                    grace_secs=args.preempt_grace_secs, restart_job=restart_job)
     base = body.get("baseOutputDirectory", {}).get("outputUriPrefix", "").rstrip("/")

@@ -9,8 +9,10 @@
 Steps: `check-data` (the training and eval patterns match objects) -> `worker-pool-specs` (the config's pools with
 the run's parameters appended to the trainer args) -> `custom-training-job` (google-cloud-pipeline-components'
 CustomTrainingJobOp: differing pools and Python packages, as the config has them) -> `read-metrics` (the
-eval_metrics.json the trainer wrote, logged as pipeline metrics). The pools come from the config file, never
-re-typed. submit and schedule take --dry_run to print the request instead of sending it.
+eval_metrics.json the trainer wrote, logged as pipeline metrics) -> with --upload_model, `model-upload`
+(google-cloud-pipeline-components' ModelUploadOp: the SavedModel into Model Registry with the prebuilt TF
+prediction image matching the training TF, its predict schemata, and the pipeline run as a label). The pools
+come from the config file, never re-typed. submit and schedule take --dry_run to print the request instead of sending it.
 """
 
 # No `from __future__ import annotations`: kfp reads component signatures at runtime.
@@ -28,6 +30,7 @@ import yaml
 
 from kfp import dsl
 
+from scripts import registry
 from scripts import submit as submit_lib
 from scripts import vertex_config
 
@@ -76,10 +79,24 @@ def worker_pool_specs(base_specs: str, train_data: str, eval_data: str, train_st
   extra = [f"--train_data={train_data}", f"--eval_data={eval_data}", f"--train_steps={train_steps}",
            f"--learning_rate={learning_rate}", f"--global_batch_size={global_batch_size}"]
   for pool in specs:
-    package = (pool or {}).get("pythonPackageSpec")
+    container = (pool or {}).get("containerSpec") or {}
+    # The trainer's args live in its pythonPackageSpec or containerSpec (not a Reduction Server's container).
+    package = (pool or {}).get("pythonPackageSpec") or (
+        container if container and "/reductionserver:" not in container.get("imageUri", "") else None)
     if package:
       package["args"] = list(package.get("args", [])) + extra
   return specs
+
+
+@dsl.component(base_image="python:3.10")
+def model_artifact(base_output_dir: str, serving_image: str, model: dsl.Output[dsl.Artifact]):
+  """The exported SavedModel (<base_output_dir>/model/) as the unmanaged container model ModelUploadOp takes:
+  its serving container and the predict schemata the export wrote beside it."""
+  model_dir = base_output_dir.rstrip("/") + "/model/"
+  model.uri = model_dir
+  model.metadata["containerSpec"] = {"imageUri": serving_image}
+  model.metadata["predictSchemata"] = {"instanceSchemaUri": model_dir + "instance_schema.yaml",
+                                       "predictionSchemaUri": model_dir + "prediction_schema.yaml"}
 
 
 @dsl.component(base_image="python:3.10", packages_to_install=["google-cloud-storage>=2"])
@@ -110,9 +127,11 @@ def load_config(path: str, values: dict[str, str]) -> vertex_config.JobConfig:
   return config
 
 
-def build_pipeline(config: vertex_config.JobConfig):
-  """The pipeline function for one config: its pools, scheduling and output layout are baked in."""
+def build_pipeline(config: vertex_config.JobConfig, *, serving_image: str | None = None):
+  """The pipeline function for one config: its pools, scheduling and output layout are baked in; with a
+  `serving_image`, a model-upload step registers the model after training."""
   from google_cloud_pipeline_components.v1.custom_job import CustomTrainingJobOp  # pylint: disable=g-import-not-at-top
+  from google_cloud_pipeline_components.v1.model import ModelUploadOp  # pylint: disable=g-import-not-at-top
 
   pools_json = json.dumps(config.body["workerPoolSpecs"])
   scheduling = config.body.get("scheduling", {})
@@ -133,15 +152,20 @@ def build_pipeline(config: vertex_config.JobConfig):
       optional["strategy"] = scheduling["strategy"]
     trained = CustomTrainingJobOp(project=project, location=location, display_name="vertex-tf-trainer-train",
                                   worker_pool_specs=specs.output, base_output_directory=base_output_dir, **optional)
-    read_metrics(base_output_dir=base_output_dir).after(trained)
+    metrics = read_metrics(base_output_dir=base_output_dir).after(trained)
+    if serving_image:
+      model = model_artifact(base_output_dir=base_output_dir, serving_image=serving_image).after(metrics)
+      ModelUploadOp(project=project, location=location, display_name="vertex-tf-trainer-model",
+                    unmanaged_container_model=model.outputs["model"],
+                    labels={"vertex-tf-trainer-run": dsl.PIPELINE_JOB_ID_PLACEHOLDER})
 
   return training_pipeline
 
 
-def compile_pipeline(config: vertex_config.JobConfig, output: str) -> str:
+def compile_pipeline(config: vertex_config.JobConfig, output: str, *, serving_image: str | None = None) -> str:
   from kfp import compiler  # pylint: disable=g-import-not-at-top
 
-  compiler.Compiler().compile(build_pipeline(config), output)
+  compiler.Compiler().compile(build_pipeline(config, serving_image=serving_image), output)
   return output
 
 
@@ -271,12 +295,16 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--extra_package", action="append", default=[], metavar="PATH",
                       help="your own package for the training step's replicas (repeatable): a directory with "
                            "pyproject.toml or setup.py, or a built sdist/wheel; staged and listed in packageUris")
+  parser.add_argument("--upload_model", action="store_true",
+                      help="add a model-upload step after training: the SavedModel into Model Registry")
+  parser.add_argument("--serving_image", default=None,
+                      help="the model's serving container (default: the prebuilt TF prediction image for its TF)")
   parser.add_argument("--dry_run", action="store_true")
   parser.add_argument("--api_endpoint", default=os.environ.get("VERTEX_API_ENDPOINT"), help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   try:
     return _main(args)
-  except (PipelineError, vertex_config.ConfigError, submit_lib.SubmitError) as e:
+  except (PipelineError, vertex_config.ConfigError, submit_lib.SubmitError, registry.RegistryError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
 
@@ -296,6 +324,9 @@ def _main(args) -> int:
                                      bucket=args.bucket, run_id=run_id)
   # Validate before anything is built, compiled or sent.
   load_config(args.config, {**values, "PACKAGE_URI": f"gs://{args.bucket}/staging/pending.tar.gz"})
+  if args.command == "local" and args.upload_model:
+    raise PipelineError("--upload_model: ModelUploadOp runs only on Vertex AI Pipelines; after a local run, "
+                        "register the model with python -m scripts.submit --upload_model")
   if args.command == "local":
     config = load_config(args.config, {**values, "PACKAGE_URI": f"gs://{args.bucket}/staging/local.tar.gz"})
     result = run_local(config, params, bucket=args.bucket, run_id=run_id,
@@ -309,7 +340,11 @@ def _main(args) -> int:
     config = load_config(args.config, {**values, "PACKAGE_URI": uri})
     submit_lib.add_package_uris(config.body, [u for _, u in extras])  # compiled into the training step
     output = args.output if args.command == "compile" else os.path.join(scratch, "pipeline.yaml")
-    compile_pipeline(config, output)
+    serving_image = None
+    if args.upload_model:
+      serving_image = args.serving_image or registry.serving_image(
+          submit_lib.training_tf_of(config.body["workerPoolSpecs"][0]), args.region)
+    compile_pipeline(config, output, serving_image=serving_image)
     if args.command == "compile":
       staging = "; ".join(f"{local} to {remote}" for local, remote in [(archive, uri), *extras])
       print(f"compiled {output} (training pools from {args.config}; stage {staging} before running)")

@@ -3,11 +3,17 @@
     python -m scripts.submit --config=cloud_configs/multi_worker_gpu.yaml \\
         --project=my-project --region=us-central1 --bucket=my-bucket [--args=--train_steps=5000] [--env=K=V]
     python -m scripts.submit --config=... --dry_run     # print the request and the gcloud command; send nothing
+    python -m scripts.submit --config=cloud_configs/container_single_gpu.yaml ... --build_image --upload_model
 
 The config is validated (scripts/vertex_config.py) before anything is built or uploaded. A custom-job config
 becomes a CustomJob, an hp-tuning config a HyperparameterTuningJob, submitted through google-cloud-aiplatform's
 JobService; the command then follows the job's state until it ends (--no_follow returns at once).
-Values not given as flags come from the environment (PROJECT, REGION, BUCKET).
+Values not given as flags come from the environment (PROJECT, REGION, BUCKET, TRAINER_IMAGE).
+
+containerSpec configs run the trainer image: --trainer_image names it (default
+REGION-docker.pkg.dev/PROJECT/vertex-tf-trainer/trainer:VERSION); --build_image first builds and pushes it from
+the Dockerfile through Cloud Build (scripts/cloud_build.py) and the job then runs that exact build, by digest.
+--upload_model registers the SavedModel in Model Registry once the job has succeeded (scripts/registry.py).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from scripts import cloud_build
+from scripts import registry
 from scripts import vertex_config
 from trainer import paths
 
@@ -74,6 +82,10 @@ def build_extra_package(path: str, out_dir: str) -> str:
 
 def add_package_uris(body: dict, uris: list[str]) -> None:
   """Lists `uris` after the trainer's in every Python-package pool's packageUris (Vertex installs them all)."""
+  if uris and any((pool or {}).get("containerSpec") and vertex_config.trainer_spec(pool)
+                  for pool in body.get("workerPoolSpecs", [])):
+    raise SubmitError("--extra_package applies to pythonPackageSpec pools; a containerSpec pool runs what its "
+                      "image holds: add your package to the Dockerfile (COPY and pip install it) instead")
   for pool in body.get("workerPoolSpecs", []):
     spec = (pool or {}).get("pythonPackageSpec")
     if spec is not None:
@@ -114,7 +126,7 @@ def apply_overrides(config: vertex_config.JobConfig, extra_args: list[str], env:
   body = copy.deepcopy(config.body)
   spec = body["trialJobSpec"] if config.kind == "hp_tuning" else body
   for pool in spec["workerPoolSpecs"]:
-    package = (pool or {}).get("pythonPackageSpec")
+    package = vertex_config.trainer_spec(pool)  # pythonPackageSpec or containerSpec
     if not package:
       continue
     package["args"] = list(package.get("args", [])) + list(extra_args)
@@ -132,7 +144,7 @@ def check_trainer_args(body: dict, kind: str) -> None:
 
   spec = body["trialJobSpec"] if kind == "hp_tuning" else body
   for index, pool in enumerate(spec["workerPoolSpecs"]):
-    package = (pool or {}).get("pythonPackageSpec")
+    package = vertex_config.trainer_spec(pool)
     if package:
       try:
         trainer_flags.check_args(list(package.get("args", [])), where=f"workerpool{index}")
@@ -217,6 +229,15 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--args", action="append", default=[], help="extra trainer arg (repeatable)")
   parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for every trainer replica")
   parser.add_argument("--image", default=None, help="override both CPU and GPU executor images")
+  parser.add_argument("--trainer_image", default=os.environ.get("TRAINER_IMAGE"),
+                      help="the trainer image containerSpec pools run (fills ${TRAINER_IMAGE})")
+  parser.add_argument("--build_image", action="store_true",
+                      help="build and push the trainer image from the Dockerfile through Cloud Build first")
+  parser.add_argument("--upload_model", action="store_true",
+                      help="after the job succeeds, register its SavedModel in Vertex AI Model Registry")
+  parser.add_argument("--serving_image", default=None,
+                      help="the model's serving container (default: the prebuilt TF prediction image for its TF)")
+  parser.add_argument("--model_display_name", default=None, help="Model Registry name (default: the job's)")
   parser.add_argument("--extra_package", action="append", default=[], metavar="PATH",
                       help="your own package for every replica (repeatable): a directory with pyproject.toml or "
                            "setup.py, or a built sdist/wheel; staged next to the trainer, listed in packageUris")
@@ -228,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(argv)
   try:
     return _submit(args)
-  except (SubmitError, vertex_config.ConfigError) as e:
+  except (SubmitError, vertex_config.ConfigError, registry.RegistryError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
 
@@ -242,42 +263,104 @@ def _submit(args) -> int:
   run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S")
   display_name = args.display_name or f"{os.path.splitext(os.path.basename(args.config))[0]}-{run_id}"
   env = parse_env(args.env)
+  if args.upload_model and args.no_follow:
+    raise SubmitError("--upload_model waits for the job to succeed; drop --no_follow (or upload later with "
+                      "--upload_model on a dry run's printed request)")
   with tempfile.TemporaryDirectory(prefix="submit-") as scratch:
     # Validate with a placeholder package first: a bad config fails before anything is built or uploaded.
     values = vertex_config.values_from(os.environ, project=args.project, region=args.region, bucket=args.bucket,
-                                       run_id=run_id, cpu_image=args.image, gpu_image=args.image)
+                                       run_id=run_id, cpu_image=args.image, gpu_image=args.image,
+                                       trainer_image=args.trainer_image)
     pending = vertex_config.load(args.config, {**values, "PACKAGE_URI": f"gs://{args.bucket}/staging/pending.tar.gz"})
     check_trainer_args(apply_overrides(pending, args.args, env), pending.kind)
+    pools = pending.job_spec["workerPoolSpecs"]
+    containers = bool(pools[0].get("containerSpec"))
+    if args.build_image and not containers:
+      raise SubmitError(f"--build_image: {args.config} runs pythonPackageSpec pools on a prebuilt image; the trainer "
+                        "image is for containerSpec configs (cloud_configs/container_*.yaml)")
+    parent = f"projects/{args.project}/locations/{args.region}"
+    upload_request = None
+    if args.upload_model:  # made (and checked) now; sent with the job's name once it has succeeded
+      base = pending.job_spec.get("baseOutputDirectory", {}).get("outputUriPrefix", "")
+      training_tf = training_tf_of(pools[0])
+
+      def upload_request_for(job_name: str) -> dict:
+        return registry.upload_request(
+            parent=parent, display_name=args.model_display_name or display_name,
+            model_dir=f"{base.rstrip('/')}/model/" if base else "",
+            image=args.serving_image or registry.serving_image(training_tf, args.region), job_name=job_name,
+            run_id=run_id, training_tf=training_tf, config_path=args.config)
+
+      upload_request = upload_request_for("(the job, once submitted)")
     archive = build_sdist(scratch)
     uri = package_uri(args.bucket, archive)
     extras = stage_extra_packages(args.extra_package, args.bucket, scratch)
+    build_request = context = context_uri = None
+    if args.build_image:
+      context = cloud_build.build_context(archive, scratch)
+      context_uri = f"gs://{args.bucket}/staging/{os.path.basename(context)}"
+      build_request = cloud_build.build_request(project=args.project, region=args.region,
+                                                image=values.get("TRAINER_IMAGE") or vertex_config.default_trainer_image(
+                                                    args.project, args.region), context_uri=context_uri)
     config = vertex_config.load(args.config, {**values, "PACKAGE_URI": uri})
     body = apply_overrides(config, args.args, env)
     add_package_uris(body, [u for _, u in extras])
     request = request_for(config.kind, body, display_name)
-    parent = f"projects/{args.project}/locations/{args.region}"
+    for warning in config.warnings:
+      print(f"warning: {warning}", file=sys.stderr)
     if args.dry_run:
       rendered = os.path.join(tempfile.gettempdir(), f"{display_name}.yaml")
       import yaml  # pylint: disable=g-import-not-at-top
       with open(rendered, "w") as f:
         yaml.safe_dump(body, f, sort_keys=False)
-      print(json.dumps({"parent": parent, "package": {"local": "(built at submit time)", "uri": uri},
-                        "extra_packages": [{"local": a, "uri": u} for a, u in extras],
-                        "request": request}, indent=2))
+      printed = {"parent": parent, "package": {"local": "(built at submit time)", "uri": uri},
+                 "extra_packages": [{"local": a, "uri": u} for a, u in extras], "request": request}
+      if build_request:
+        printed["build"] = {"context": context_uri, "request": build_request}
+      if upload_request:
+        printed["upload_model"] = upload_request
+      print(json.dumps(printed, indent=2))
       print(f"# config written to {rendered}; upload the sdist to {uri}, then:")
       print(gcloud_command(config.kind, project=args.project, region=args.region, display_name=display_name,
                            config_file=rendered))
       return 0
-    for local, remote in [(archive, uri), *extras]:
+    for local, remote in [(archive, uri), *extras, *([(context, context_uri)] if context else [])]:
       upload(local, remote)
       print(f"staged {os.path.basename(local)} -> {remote}", flush=True)
+    if build_request:
+      print(f"building {build_request['build']['images'][0]} with Cloud Build ...", flush=True)
+      try:
+        built = cloud_build.run_build(cloud_build.build_client(args.api_endpoint), build_request)
+      except RuntimeError as e:
+        raise SubmitError(f"--build_image: {e}") from None
+      print(f"built {built}", flush=True)
+      # The job runs exactly this build: the image by digest, in every trainer pool.
+      config = vertex_config.load(args.config, {**values, "PACKAGE_URI": uri, "TRAINER_IMAGE": built})
+      body = apply_overrides(config, args.args, env)
+      request = request_for(config.kind, body, display_name)
     client = job_client(args.region, args.api_endpoint)
     job = create_job(client, config.kind, parent, request)
     print(f"submitted {job.name}", flush=True)
     if args.no_follow:
       return 0
     state = follow(client, config.kind, job.name, poll_secs=args.poll_secs, timeout_secs=args.timeout_secs)
-    return 0 if state == "JOB_STATE_SUCCEEDED" else 1
+    if state != "JOB_STATE_SUCCEEDED":
+      return 1
+    if upload_request:
+      upload_request = upload_request_for(job.name)
+      model = registry.upload(registry.model_client(args.region, args.api_endpoint), upload_request)
+      print(f"registered {model} (serving image {upload_request['model']['containerSpec']['imageUri']})", flush=True)
+    return 0
+
+
+def training_tf_of(pool: dict) -> str:
+  """The TF version a trainer pool runs: the prebuilt image's, or the trainer image's (Dockerfile)."""
+  package = pool.get("pythonPackageSpec")
+  if package:
+    info = vertex_config.prebuilt_image_info(package["executorImageUri"])
+    if info:
+      return info[0]
+  return ".".join(cloud_build.dockerfile_tf_version().split(".")[:2])
 
 
 if __name__ == "__main__":

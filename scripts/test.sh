@@ -1,11 +1,23 @@
 #!/usr/bin/env bash
-# Runs the test suite on a fresh machine: makes .venv, installs requirements-dev.txt, runs pytest.
+# Runs the test suite on a fresh machine: makes .venv, installs requirements-dev.txt, runs pytest; then the smoke
+# subset (pytest -m smoke: train, export, serve, a multi-worker run) again on the prebuilt-image stack, TF 2.17 /
+# Keras 3.4 in .venv-tf217 (requirements-tf217.txt), as Vertex's newest prebuilt TF training image runs it.
 # Tests start (and stop) every service they use themselves, the Cloud Storage emulator included.
-#   bash scripts/test.sh            # all tests
-#   bash scripts/test.sh -k cluster # pytest arguments pass through
+#   bash scripts/test.sh            # all tests, then the TF 2.17 smoke subset
+#   bash scripts/test.sh -k cluster # pytest arguments pass through (the smoke subset is then skipped)
+#   SMOKE_TF217=0 bash scripts/test.sh   # skip the TF 2.17 subset
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh
 # No test may reach a real Google host or a metadata server (the same table: scripts/loopback.py).
 export GCE_METADATA_HOST=127.0.0.1:9 GCE_METADATA_IP=127.0.0.1:9 NO_GCE_CHECK=true TF_CPP_MIN_LOG_LEVEL=2
-exec "$VENV/bin/python" -m pytest "$@"
+if [ "$#" -gt 0 ]; then
+  exec "$VENV/bin/python" -m pytest "$@"
+fi
+"$VENV/bin/python" -m pytest
+if [ "${SMOKE_TF217:-1}" != "0" ]; then
+  VENV="$PWD/.venv-tf217" REQUIREMENTS=requirements-tf217.txt source scripts/bootstrap.sh
+  echo "--- the smoke subset on $("$PWD/.venv-tf217/bin/python" -c 'import tensorflow as tf, keras; print(f"TF {tf.__version__}, Keras {keras.__version__}")' 2>/dev/null)"
+  # Only the files that hold smoke tests are collected: the others import tools the image stack does not carry.
+  "$PWD/.venv-tf217/bin/python" -m pytest -m smoke $(grep -l "pytest.mark.smoke" tests/test_*.py)
+fi

@@ -4,11 +4,13 @@ A config is a CustomJobSpec in camelCase, as `gcloud ai custom-jobs create --con
 hyperparameter-tuning spec (`studySpec` + `trialJobSpec`) as `gcloud ai hp-tuning-jobs create --config`
 takes it. Placeholders `${NAME}` are filled from a mapping (flags or environment):
 
-    PROJECT, REGION, BUCKET, PACKAGE_URI, RUN_ID, CPU_IMAGE, GPU_IMAGE
+    PROJECT, REGION, BUCKET, PACKAGE_URI, RUN_ID, CPU_IMAGE, GPU_IMAGE, TRAINER_IMAGE
 
 Validation = the real API types (`json_format.ParseDict` into aiplatform_v1 protos rejects unknown fields,
 misspelled keys and bad enums) + what the types cannot see: required fields, prebuilt TF executor images,
-pool order and sizes, accelerator plausibility. Every error is one line naming the file and the field.
+the trainer image and command of containerSpec pools, pool order and sizes, accelerator plausibility. Every
+error is one line naming the file and the field. A prebuilt image past its end of availability is a warning
+(`JobConfig.warnings`), not an error: Vertex may still run it today, and the container configs are the way on.
 
     python -m scripts.vertex_config cloud_configs/*.yaml      # validates, prints one line per file
 """
@@ -16,6 +18,7 @@ pool order and sizes, accelerator plausibility. Every error is one line naming t
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import os
 import re
@@ -30,7 +33,21 @@ DEFAULT_IMAGES = {
     "CPU_IMAGE": "us-docker.pkg.dev/vertex-ai/training/tf-cpu.2-17.py310:latest",
     "GPU_IMAGE": "us-docker.pkg.dev/vertex-ai/training/tf-gpu.2-17.py310:latest",
 }
-PLACEHOLDERS = ("PROJECT", "REGION", "BUCKET", "PACKAGE_URI", "RUN_ID", "CPU_IMAGE", "GPU_IMAGE")
+PLACEHOLDERS = ("PROJECT", "REGION", "BUCKET", "PACKAGE_URI", "RUN_ID", "CPU_IMAGE", "GPU_IMAGE", "TRAINER_IMAGE")
+
+# Vertex's prebuilt TensorFlow training images the trainer can use (TF >= 2.16: Keras 3), by the `2-NN` in their
+# name: TF version, Python, end of availability. Read 2026-12 from Vertex's supported-frameworks page, which gives
+# 2.17 (the newest) 2026-07-11; 2.16's date is not given there any more, and it left no later than 2.17. Re-check
+# there when a new image appears. Past the date a job may stop being accepted: use a container config
+# (cloud_configs/container_*.yaml, the Dockerfile's image at the project's TF).
+PREBUILT_TRAINING_IMAGES = {
+    "2-17": ("2.17", "3.10", "2026-07-11"),
+    "2-16": ("2.16", "3.10", "2026-07-11"),
+}
+# The trainer image this project builds (Dockerfile): its TF is the one requirements-dev.txt pins and CI tests.
+TRAINER_IMAGE_TF = "2.21"
+# What a containerSpec may run: the trainer, as the Dockerfile's ENTRYPOINT runs it (or the console script).
+TRAINER_COMMANDS = (["python3", "-m", "trainer.task"], ["python", "-m", "trainer.task"], ["vertex-tf-trainer"])
 PREBUILT_TF_IMAGE = re.compile(
     r"^(?:(?:us|europe|asia)-docker\.pkg\.dev/vertex-ai/training|gcr\.io/cloud-aiplatform/training)/"
     r"tf-(cpu|gpu)\.2-(\d+)(?:\.py3\d+)?:[\w.-]+$")
@@ -74,6 +91,7 @@ class JobConfig:
   path: str
   kind: str  # "custom_job" or "hp_tuning"
   body: dict  # the filled config (camelCase)
+  warnings: tuple[str, ...] = ()  # one line each: things Vertex accepts today that will stop working
 
   @property
   def job_spec(self) -> dict:
@@ -100,14 +118,15 @@ def load(path: str, values: Mapping[str, str]) -> JobConfig:
   body = json.loads(json.dumps(body))
   kind = "hp_tuning" if "trialJobSpec" in body or "studySpec" in body else "custom_job"
   config = JobConfig(path=path, kind=kind, body=body)
-  validate(config)
-  return config
+  return dataclasses.replace(config, warnings=tuple(validate(config)))
 
 
 def fill(text: str, values: Mapping[str, str], path: str) -> str:
   # Comments may mention ${...} too; fill only the YAML body.
   body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
   merged = {**DEFAULT_IMAGES, **{k: v for k, v in values.items() if v}}
+  if "TRAINER_IMAGE" not in merged and merged.get("PROJECT") and merged.get("REGION"):
+    merged["TRAINER_IMAGE"] = default_trainer_image(merged["PROJECT"], merged["REGION"])
   missing = sorted({m.group(1) for m in re.finditer(r"\$\{(\w+)\}", body)} - set(merged))
   unknown = [m for m in missing if m not in PLACEHOLDERS]
   if unknown:
@@ -119,7 +138,16 @@ def fill(text: str, values: Mapping[str, str], path: str) -> str:
   return string.Template(body).substitute(merged)
 
 
-def validate(config: JobConfig) -> None:
+def default_trainer_image(project: str, region: str) -> str:
+  """Where --build_image pushes the Dockerfile's image unless --trainer_image says otherwise: the project's
+  Artifact Registry repository `vertex-tf-trainer` in the job's region, tagged with the trainer's version."""
+  from trainer import __version__  # pylint: disable=g-import-not-at-top
+
+  return f"{region}-docker.pkg.dev/{project}/vertex-tf-trainer/trainer:{__version__}"
+
+
+def validate(config: JobConfig, *, today: datetime.date | None = None) -> list[str]:
+  """Raises ConfigError for what Vertex would reject or what cannot run the trainer; returns the warnings."""
   from google.protobuf import json_format  # pylint: disable=g-import-not-at-top
   from google.cloud import aiplatform_v1  # pylint: disable=g-import-not-at-top
 
@@ -141,14 +169,16 @@ def validate(config: JobConfig) -> None:
       raise ConfigError(f"{path}: studySpec needs 'metrics' and 'parameters'")
     metric_ids = [m.get("metricId") for m in body["studySpec"]["metrics"]]
     reported = [a.split("=", 1)[1] for pool in config.job_spec["workerPoolSpecs"]
-                for a in pool.get("pythonPackageSpec", {}).get("args", []) if a.startswith("--hypertune_metric=")]
+                for a in _trainer_args(pool) if a.startswith("--hypertune_metric=")]
     if metric_ids and reported and metric_ids[0] not in reported:
       raise ConfigError(f"{path}: studySpec metric {metric_ids[0]!r} is not what the trainer reports "
                         f"(--hypertune_metric={reported[0]})")
-  _validate_job_spec(config.job_spec, path, prefix="trialJobSpec." if config.kind == "hp_tuning" else "")
+  return _validate_job_spec(config.job_spec, path, prefix="trialJobSpec." if config.kind == "hp_tuning" else "",
+                            today=today or datetime.date.today())
 
 
-def _validate_job_spec(spec: dict, path: str, *, prefix: str) -> None:
+def _validate_job_spec(spec: dict, path: str, *, prefix: str, today: datetime.date) -> list[str]:
+  warnings: list[str] = []
   pools = spec.get("workerPoolSpecs")
   if not isinstance(pools, list) or not pools:
     raise ConfigError(f"{path}: {prefix}workerPoolSpecs must list at least the chief pool")
@@ -180,9 +210,14 @@ def _validate_job_spec(spec: dict, path: str, *, prefix: str) -> None:
         raise ConfigError(f"{path}: {where} runs the Reduction Server; add --reduction_server to the trainer args "
                           "so pool 2 is not taken for parameter servers")
       continue
+    if package and container:
+      raise ConfigError(f"{path}: {where} has both pythonPackageSpec and containerSpec; Vertex takes one")
+    if container:
+      _check_trainer_container(container, machine, f"{path}: {where}.containerSpec")
+      continue
     if not package:
-      raise ConfigError(f"{path}: {where} needs a pythonPackageSpec running trainer.task (or, in pool 2, a "
-                        "Reduction Server containerSpec)")
+      raise ConfigError(f"{path}: {where} needs a pythonPackageSpec running trainer.task, or a containerSpec "
+                        "running the trainer image (or, in pool 2, a Reduction Server containerSpec)")
     for field in ("executorImageUri", "pythonModule"):
       if not package.get(field):
         raise ConfigError(f"{path}: {where}.pythonPackageSpec.{field} is required")
@@ -206,10 +241,70 @@ def _validate_job_spec(spec: dict, path: str, *, prefix: str) -> None:
     if package["pythonModule"] != "trainer.task":
       raise ConfigError(f"{path}: {where}.pythonPackageSpec.pythonModule is {package['pythonModule']!r}; the "
                         "package provides trainer.task")
+    warning = _availability_warning(image, path, today)  # once per image and file, not per pool
+    if warning and warning not in warnings:
+      warnings.append(warning)
+  kinds = {"container" if (p or {}).get("containerSpec") else "package" for p in pools
+           if p and not _is_reduction_server(p)}
+  if len(kinds) > 1:
+    raise ConfigError(f"{path}: {prefix}workerPoolSpecs mix pythonPackageSpec and containerSpec trainer pools; every "
+                      "replica must run the same TensorFlow (collectives and checkpoints cross replicas): use one "
+                      "kind for every trainer pool")
   has = [bool(p) for p in pools] + [False] * (4 - len(pools))
   if has[2] and not has[1] and not _is_reduction_server(pools[2]):
     raise ConfigError(f"{path}: {prefix}workerPoolSpecs[2] (parameter servers) needs workers in "
                       "workerPoolSpecs[1]: ParameterServerStrategy schedules steps on workers")
+  return warnings
+
+
+def prebuilt_image_info(image: str) -> tuple[str, str, str] | None:
+  """(TF version, Python, end of availability) of a prebuilt TF training image, or None if it is not one."""
+  match = PREBUILT_TF_IMAGE.match(image)
+  return PREBUILT_TRAINING_IMAGES.get(f"2-{match.group(2)}") if match else None
+
+
+def _availability_warning(image: str, where: str, today: datetime.date) -> str | None:
+  info = prebuilt_image_info(image)
+  if info is None or datetime.date.fromisoformat(info[2]) >= today:
+    return None
+  return (f"{where}: {image.rsplit('/', 1)[-1]} (TF {info[0]}) is past its end of availability {info[2]} on "
+          "Vertex's supported-frameworks page: Vertex may refuse it; the container configs "
+          "(cloud_configs/container_*.yaml) run the trainer image built from the Dockerfile instead")
+
+
+def _check_trainer_container(container: dict, machine: dict, where: str) -> None:
+  image = container.get("imageUri")
+  if not image:
+    raise ConfigError(f"{where}.imageUri is required: the trainer image (build it from the Dockerfile, or "
+                      "python -m scripts.submit --build_image)")
+  if PREBUILT_TF_IMAGE.match(image):
+    raise ConfigError(f"{where}.imageUri {image!r} is a prebuilt training image, which does not hold the trainer; "
+                      "run it as pythonPackageSpec.executorImageUri, or use the trainer image in containerSpec")
+  command = container.get("command")
+  if command is not None and list(command) not in TRAINER_COMMANDS:
+    raise ConfigError(f"{where}.command {list(command)!r} is not the trainer; expected "
+                      f"{' or '.join(json.dumps(c) for c in TRAINER_COMMANDS)}, or no command (the image's "
+                      "ENTRYPOINT, which the Dockerfile sets to the trainer); put trainer flags in args")
+  del machine  # GPU or not, the trainer image is the same (TensorFlow's GPU build runs on CPU-only machines)
+
+
+def trainer_command(pool: dict) -> list[str] | None:
+  """What a trainer pool runs: `python -m trainer.task` for a package pool or a container without a command
+  (the Dockerfile's ENTRYPOINT), the container's command otherwise; None for a pool that is not the trainer."""
+  if not pool or _is_reduction_server(pool):
+    return None
+  container = pool.get("containerSpec")
+  if container is not None:
+    return list(container.get("command") or TRAINER_COMMANDS[0])
+  package = pool.get("pythonPackageSpec")
+  return ["python3", "-m", package["pythonModule"]] if package else None
+
+
+def trainer_spec(pool: dict) -> dict | None:
+  """The part of a trainer pool that holds its args and env (pythonPackageSpec or containerSpec)."""
+  if not pool or _is_reduction_server(pool):
+    return None
+  return pool.get("pythonPackageSpec") or pool.get("containerSpec")
 
 
 def _is_reduction_server(pool: dict) -> bool:
@@ -217,7 +312,7 @@ def _is_reduction_server(pool: dict) -> bool:
 
 
 def _trainer_args(pool: dict) -> list[str]:
-  return list(pool.get("pythonPackageSpec", {}).get("args", []))
+  return list((trainer_spec(pool) or {}).get("args", []))
 
 
 def _check_accelerator(machine: dict, where: str) -> None:
@@ -277,6 +372,8 @@ def main(argv: list[str]) -> int:
       config = load(path, values)
       pools = config.job_spec["workerPoolSpecs"]
       print(f"ok  {path}: {config.kind}, pools {[p.get('replicaCount', 0) if p else 0 for p in pools]}")
+      for warning in config.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     except ConfigError as e:
       failed += 1
       print(f"error: {e}", file=sys.stderr)

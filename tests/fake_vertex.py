@@ -1,7 +1,8 @@
 """A local stand-in for Vertex AI's REST control plane (the one thing that cannot run here).
 
 It records every request and answers like the real API enough for the clients to proceed: creates return the
-resource with a name, gets walk a job through RUNNING to SUCCEEDED. Nothing else is emulated.
+resource with a name, gets walk a job through RUNNING to SUCCEEDED; Model Registry's `models:upload` and Cloud
+Build's `builds` (same endpoint here) answer with a finished long-running operation. Nothing else is emulated.
 """
 
 from __future__ import annotations
@@ -49,12 +50,21 @@ class FakeVertex:
         length = int(self.headers.get("Content-Length", 0))
         body = json.loads(self.rfile.read(length) or b"{}")
         path = self.path.split("?")[0]
-        match = re.match(r"^/v1(?:beta1)?/(projects/[^/]+/locations/[^/]+)/(\w+)$", path)
+        match = re.match(r"^/v1(?:beta1)?/(projects/[^/]+/locations/[^/]+)/(\w+)(?::(\w+))?$", path)
         if not match:
           return self._reply(404, {"error": {"code": 404, "message": f"no route {path}"}})
-        collection = match.group(2)
+        collection = match.group(2) + (f":{match.group(3)}" if match.group(3) else "")
         fake.requests.append({"method": "POST", "path": self.path, "collection": collection, "body": body})
-        name = f"{match.group(1)}/{collection}/{next(fake._ids)}"
+        name = f"{match.group(1)}/{match.group(2)}/{next(fake._ids)}"
+        operation = f"{match.group(1)}/operations/{next(fake._ids)}"
+        if collection == "models:upload":
+          return self._reply(200, {"name": operation, "done": True, "response": {
+              "@type": "type.googleapis.com/google.cloud.aiplatform.v1.UploadModelResponse", "model": name}})
+        if collection == "builds":
+          image = body.get("images", [""])[0]
+          return self._reply(200, {"name": operation, "done": True, "response": {
+              "@type": "type.googleapis.com/google.devtools.cloudbuild.v1.Build", **body, "id": name.rsplit("/", 1)[1],
+              "status": "SUCCESS", "results": {"images": [{"name": image, "digest": "sha256:" + "ab" * 32}]}}})
         resource = {**body, "name": name}
         if collection in ("customJobs", "hyperparameterTuningJobs", "pipelineJobs"):
           resource["state"] = "PIPELINE_STATE_PENDING" if collection == "pipelineJobs" else "JOB_STATE_PENDING"

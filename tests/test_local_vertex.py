@@ -91,6 +91,10 @@ def _run(tmp_path, *args):
     # On CPU, MultiWorkerMirroredStrategy runs one replica per worker whatever the logical devices.
     ("multi_worker_gpu.yaml", ["--replica_count=1=1"], "MultiWorkerMirroredStrategy", 2),
     ("parameter_server.yaml", ["--replica_count=1=1"], "ParameterServerStrategy", 1),
+    # containerSpec pools: the container's command (or the image's ENTRYPOINT) and args, no Docker.
+    ("container_single_gpu.yaml", [], "default", 1),
+    ("container_multi_worker_gpu.yaml", ["--replica_count=1=1"], "MultiWorkerMirroredStrategy", 2),
+    ("container_parameter_server.yaml", ["--replica_count=1=1"], "ParameterServerStrategy", 1),
 ])
 def test_local_run_end_to_end(staged, tmp_path, capsys, config, extra, strategy, replicas):
   code, job_dir = _run(tmp_path, f"--config=cloud_configs/{config}", "--run_id=" + config.split(".")[0], *extra,
@@ -102,6 +106,8 @@ def test_local_run_end_to_end(staged, tmp_path, capsys, config, extra, strategy,
   assert f'"strategy": "{strategy}"' in chief_log and f'"num_replicas": {replicas}' in chief_log
   assert "from TF_CONFIG" in chief_log
   assert f"from {job_dir}/site/trainer\n" in chief_log  # the package installed from the bucket ran
+  if config.startswith("container_"):
+    assert re.search(r"replica\(s\), container \S+/vertex-tf-trainer/trainer:\S+ as python3 -m trainer.task", out)
 
 
 def test_crashing_replica_fails_the_job_quickly(staged, gcs, tmp_path):

@@ -5,6 +5,8 @@ import json
 import os
 import re
 
+import pytest
+
 import procs
 import serving
 
@@ -26,6 +28,7 @@ def saved_models(root):
   return sorted(dirpath for dirpath, _, files in os.walk(root) if "saved_model.pb" in files)
 
 
+@pytest.mark.smoke
 def test_multi_worker_mirrored_chief_and_worker(churn_data, tmp_path):
   out = tmp_path / "out"
   chief, worker = procs.addresses(2)

@@ -11,6 +11,7 @@ import fake_vertex
 import procs
 import user_package
 from scripts import pipeline
+from scripts import registry
 from scripts import stage_data
 from scripts import vertex_config
 
@@ -37,6 +38,27 @@ def test_compiled_training_step_has_the_config_pools(tmp_path, capsys):
   assert set(compiled["root"]["inputDefinitions"]["parameters"]) == {
       "project", "location", "train_data", "eval_data", "base_output_dir", "train_steps", "learning_rate",
       "global_batch_size"}
+
+
+def test_a_model_upload_step_registers_the_trained_model(tmp_path, capsys):
+  output = tmp_path / "pipeline.yaml"
+  assert pipeline.main(["compile", "--config=cloud_configs/container_single_gpu.yaml", "--bucket=bkt",
+                        "--project=p", "--run_id=r1", "--upload_model", f"--output={output}"]) == 0, capsys.readouterr()
+  compiled = yaml.safe_load(output.read_text())
+  tasks = compiled["root"]["dag"]["tasks"]
+  assert "read-metrics" in tasks["model-artifact"]["dependentTasks"]  # registered only after a good run
+  upload = tasks["model-upload"]
+  assert upload["inputs"]["artifacts"]["unmanaged_container_model"]["taskOutputArtifact"]["producerTask"] == \
+      "model-artifact"
+  image = tasks["model-artifact"]["inputs"]["parameters"]["serving_image"]["runtimeValue"]["constant"]
+  assert image in registry.prediction_images() and "/tf2-cpu.2-" in image
+  executor = compiled["deploymentSpec"]["executors"]["exec-model-upload"]["container"]
+  assert "google_cloud_pipeline_components" in " ".join(executor["command"] + executor.get("args", []))
+  # A container config's pools take the run's parameters like package pools.
+  specs = pipeline.worker_pool_specs.python_func(
+      base_specs=json.dumps([{"containerSpec": {"imageUri": "i", "args": ["--a=1"]}}]), train_data="t",
+      eval_data="e", train_steps=5, learning_rate=0.1, global_batch_size=8)
+  assert specs[0]["containerSpec"]["args"][:2] == ["--a=1", "--train_data=t"]
 
 
 def test_compiled_training_step_installs_the_users_package(tmp_path, capsys):

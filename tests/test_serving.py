@@ -28,6 +28,7 @@ AT_RISK = {"tenure_months": 1.0, "monthly_charges": 120.0, "support_calls": 6, "
            "region": "south"}  # "basic", as a client sends binary strings
 
 
+@pytest.mark.smoke
 def test_predict_command_answers_rows_and_columns_like_vertex(churn_export, tmp_path):
   request = tmp_path / "request.json"
   request.write_text(json.dumps({"instances": [LOYAL, AT_RISK]}))
@@ -49,6 +50,35 @@ def test_predict_command_answers_rows_and_columns_like_vertex(churn_export, tmp_
   assert outputs["probabilities"] == [p["probabilities"] for p in response["predictions"]]
 
 
+def test_predict_schemata_describe_what_the_signature_takes_and_returns(churn_export, tmp_path):
+  """Model Registry's schemata (OpenAPI 3.0), checked with an OpenAPI validator against the signature's own
+  inputs, a client's instances and the served predictions."""
+  from openapi_schema_validator import OAS30Validator  # pylint: disable=g-import-not-at-top
+  import yaml  # pylint: disable=g-import-not-at-top
+
+  instance_schema = yaml.safe_load((churn_export / "instance_schema.yaml").read_text())
+  prediction_schema = yaml.safe_load((churn_export / "prediction_schema.yaml").read_text())
+  OAS30Validator.check_schema(instance_schema)
+  OAS30Validator.check_schema(prediction_schema)
+  signature_inputs = json.loads(subprocess.run(
+      [sys.executable, "-c", "import json, sys, tensorflow as tf; s = tf.saved_model.load(sys.argv[1])"
+       ".signatures['serving_default']; print(json.dumps(sorted(s.structured_input_signature[1])))",
+       str(churn_export)], env=procs.trainer_env(), capture_output=True, text=True, check=True).stdout.splitlines()[-1])
+  assert sorted(instance_schema["properties"]) == signature_inputs
+  OAS30Validator(instance_schema).validate(LOYAL)
+  errors = list(OAS30Validator(instance_schema).iter_errors({**LOYAL, "tenure_months": "long"}))
+  assert errors and "'long' is not of type 'number'" in errors[0].message
+  request = tmp_path / "request.json"
+  request.write_text(json.dumps({"instances": [LOYAL, {**AT_RISK, "plan": "basic"}]}))
+  result = subprocess.run([sys.executable, "-m", "scripts.predict", f"--model_dir={churn_export}",
+                           f"--request={request}"], cwd=procs.REPO, env=procs.trainer_env(), capture_output=True,
+                          text=True, timeout=120, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  for prediction in json.loads(result.stdout)["predictions"]:
+    OAS30Validator(prediction_schema).validate(prediction)
+  assert prediction_schema["properties"]["probabilities"]["maxItems"] == 2
+
+
 def test_saved_model_cli_runs_the_signature(churn_export):
   """The other session-based loader users reach for first."""
   exprs = ('tenure_months=[60.0,1.0];monthly_charges=[50.0,120.0];support_calls=[0.0,6.0];'
@@ -61,6 +91,7 @@ def test_saved_model_cli_runs_the_signature(churn_export):
   assert re.search(r"Result for output key class_id:\s*\[0 1\]", result.stdout), result.stdout
 
 
+@pytest.mark.smoke
 def test_session_loader_agrees_with_the_tf2_loader(churn_export, churn_data):
   serving.assert_loaders_agree(churn_export, f"{churn_data}/eval/*.tfrecord")
 

@@ -25,6 +25,7 @@ def final_metrics(model_dir):
     return json.load(f)
 
 
+@pytest.mark.smoke
 def test_train_export_reload_predict(churn_data, tmp_path):
   out = tmp_path / "out"
   result = procs.run_trainer(data_args(churn_data) + [f"--output_dir={out}", "--train_steps=300",

@@ -114,6 +114,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                       "hyperparameter tuning through the hypertune metrics file.", **fv)
   flags.DEFINE_boolean("dry_run", False, "Print the resolved role, strategy and config as one JSON object "
                        "and exit without training.", **fv)
+  flags.DEFINE_enum("log_format", "auto", ("auto", "json", "text"), "Log lines: json (one object per line with "
+                    "severity, message, task_type and task_index, as Cloud Logging parses them), text (absl's lines, "
+                    "a progress bar on a terminal); auto: json on Vertex ($CLOUD_ML_JOB_ID set, stderr not a "
+                    "terminal), else text.", **fv)
 
 
 def config_from_flags(values: flags.FlagValues, env: config_lib.Environment) -> config_lib.Config:

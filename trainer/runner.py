@@ -31,6 +31,7 @@ from trainer import peers
 from trainer import hypertune
 from trainer import models
 from trainer import plan as plan_lib
+from trainer import predict_schemata
 from trainer import preflight
 from trainer import schema as schema_lib
 from trainer import servers
@@ -152,13 +153,15 @@ def _build_and_train(config: config_lib.Config, env: config_lib.Environment, pla
   from trainer import export  # pylint: disable=g-import-not-at-top
 
   exported = export.export_for_role(result.model, schema, config.output.model_dir, is_chief=role.is_chief,
-                                    complete_marker=METRICS_FILE, extra_entries=(CONFIG_FILE, SCHEMA_FILE))
+                                    complete_marker=METRICS_FILE, extra_entries=(CONFIG_FILE, SCHEMA_FILE, predict_schemata.INSTANCE_FILE,
+                                                                predict_schemata.PREDICTION_FILE))
   metrics = {
       "final_step": result.final_step,
       "resumed_from_step": result.resumed_from_step,
       "train_loss": result.train_loss,
       "examples_per_sec": result.examples_per_sec,
       "strategy": plan.choice.class_name,
+      "tensorflow_version": tf.__version__,
       "num_replicas": strategy.num_replicas_in_sync,
       "weights_sha256": weights_digest(result.model),
       **{f"eval_{k}": v for k, v in result.eval_metrics.items()},
@@ -168,6 +171,11 @@ def _build_and_train(config: config_lib.Config, env: config_lib.Environment, pla
     storage.write_json(paths.join_path(exported, CONFIG_FILE), run_record)
     # The schema the export serves with, in the format --schema reads (inferred ones included).
     storage.write_json(paths.join_path(exported, SCHEMA_FILE), schema.to_dict())
+    # What Model Registry shows as the model's request and response (JSON is YAML).
+    storage.write_json(paths.join_path(exported, predict_schemata.INSTANCE_FILE),
+                       predict_schemata.instance_schema(schema))
+    storage.write_json(paths.join_path(exported, predict_schemata.PREDICTION_FILE),
+                       predict_schemata.prediction_schema(schema))
     storage.write_json(paths.join_path(exported, METRICS_FILE), metrics)
     logging.info("Exported SavedModel to %s", exported)
   if role.is_chief and config.train.hypertune_metric and not config.train.eval_every_steps:

@@ -23,6 +23,7 @@ from absl import logging
 
 from trainer import config as config_lib
 from trainer import flags as trainer_flags
+from trainer import logs
 from trainer import preemption
 from trainer import storage
 from trainer.errors import EXIT_EXTERNAL_FAILURE
@@ -33,12 +34,16 @@ EXIT_USER_ERROR = 2
 
 
 def run_command(argv: list[str], environ: MutableMapping[str, str], *,
-                flag_values: flags.FlagValues | None = None) -> int:
+                flag_values: flags.FlagValues | None = None, log_format: str = "text") -> int:
   """The whole command: flags and environment -> typed config -> `runner.run`. Returns the exit code.
 
-  Bad input is one `error:` line on stderr and EXIT_USER_ERROR. With `flag_values` (fresh, trainer flags
+  Bad input is one `error:` line on stderr (a JSON ERROR record when `log_format` is json) and EXIT_USER_ERROR. With `flag_values` (fresh, trainer flags
   defined) it parses `argv` itself, so tests run the command in-process; the CLI passes already-parsed flags.
   """
+  def _fail(message: str, *, code: int = EXIT_USER_ERROR) -> int:
+    sys.stderr.write(logs.error_line(message, log_format, environ) + "\n")
+    return code
+
   if flag_values is None:
     flag_values = flags.FLAGS
   else:
@@ -55,7 +60,8 @@ def run_command(argv: list[str], environ: MutableMapping[str, str], *,
   try:
     env = config_lib.Environment.from_mapping(environ)
     config = trainer_flags.config_from_flags(flag_values, env)
-    runner.run(config, env, dry_run=flag_values.dry_run, interactive=sys.stderr.isatty())
+    runner.run(config, env, dry_run=flag_values.dry_run,
+               interactive=log_format == "text" and sys.stderr.isatty())  # a progress bar only on a terminal
   except UserError as e:
     return _fail(str(e))
   except ExternalFailure as e:
@@ -73,7 +79,8 @@ def run_command(argv: list[str], environ: MutableMapping[str, str], *,
 
 
 def main(argv: list[str]) -> int:
-  code = run_command(argv, os.environ)
+  log_format = logs.configure(flags.FLAGS.log_format, os.environ)
+  code = run_command(argv, os.environ, log_format=log_format)
   if code in (EXIT_EXTERNAL_FAILURE, preemption.EXIT_PREEMPTED):
     # Storage or a peer is gone: TensorFlow's clean-up at exit would retry it (summary writers flush again, each
     # flush retried for about 40 s; measured: minutes after the error line). Preempted: the checkpoint is saved
@@ -86,17 +93,14 @@ def main(argv: list[str]) -> int:
   return code
 
 
-def _fail(message: str, *, code: int = EXIT_USER_ERROR) -> int:
-  sys.stderr.write(f"error: {message}\n")
-  return code
-
-
 def _parse_flags(argv: list[str]) -> list[str]:
   """absl's parser, but a bad flag is one 'error:' line and exit 2 like every other bad input."""
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
-    sys.exit(_fail(f"{' '.join(str(e).split())} (see --help)"))
+    log_format = logs.resolve("auto", os.environ, sys.stderr)  # the flags, --log_format included, did not parse
+    sys.stderr.write(logs.error_line(f"{' '.join(str(e).split())} (see --help)", log_format, os.environ) + "\n")
+    sys.exit(EXIT_USER_ERROR)
 
 
 def entry() -> None:

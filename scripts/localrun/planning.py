@@ -8,8 +8,10 @@ import json
 import os
 import socket
 import subprocess
+import sys
 from typing import Any
 
+from scripts import vertex_config
 from trainer import cluster as cluster_lib
 
 POOL_TYPES = tuple(cluster_lib.VERTEX_POOLS.values())  # pool index -> TF_CONFIG task type
@@ -27,6 +29,7 @@ class Replica:
   args: list[str]
   env: dict[str, str]
   log_path: str
+  command: tuple[str, ...] = ("python3", "-m", "trainer.task")  # the pool's, before `args`
   process: subprocess.Popen | None = None
   started: float = 0.0
   ended: float | None = None
@@ -42,7 +45,7 @@ class Replica:
 def plan_replicas(spec: dict, *, job_id: str, job_dir: str, ports: list[int], extra_env: dict[str, str]) -> list[Replica]:
   """Every replica of every trainer pool with the environment Vertex would give it (pure, given the ports)."""
   pools = spec["workerPoolSpecs"]
-  trainer_pools = [i for i, p in enumerate(pools) if p and p.get("pythonPackageSpec")]
+  trainer_pools = [i for i, p in enumerate(pools) if vertex_config.trainer_spec(p)]
   addresses: dict[int, list[str]] = {}
   port_iter = iter(ports)
   for i in trainer_pools:
@@ -52,7 +55,10 @@ def plan_replicas(spec: dict, *, job_id: str, job_dir: str, ports: list[int], ex
   base = spec.get("baseOutputDirectory", {}).get("outputUriPrefix", "").rstrip("/")
   replicas = []
   for i in trainer_pools:
-    package = pools[i]["pythonPackageSpec"]
+    package = vertex_config.trainer_spec(pools[i])  # pythonPackageSpec or containerSpec: args and env
+    command = tuple(vertex_config.trainer_command(pools[i]))
+    job = ({"python_module": package["pythonModule"]} if "pythonModule" in package
+           else {"image_uri": package.get("imageUri", "")})
     args = list(package.get("args", []))
     accelerators = pools[i].get("machineSpec", {}).get("acceleratorCount", 0)
     if accelerators > 1 and not any(a.startswith("--num_cpu_devices") for a in args):
@@ -61,7 +67,7 @@ def plan_replicas(spec: dict, *, job_id: str, job_dir: str, ports: list[int], ex
       task = {"type": f"workerpool{i}", "index": index}
       env = {
           "CLUSTER_SPEC": json.dumps({"cluster": cluster_spec, "environment": "cloud", "task": task,
-                                      "job": json.dumps({"python_module": package["pythonModule"]})}),
+                                      "job": json.dumps(job)}),
           "TF_CONFIG": json.dumps({"cluster": tf_cluster, "task": {"type": POOL_TYPES[i], "index": index},
                                    "environment": "cloud"}),
           "CLOUD_ML_JOB_ID": job_id,
@@ -71,9 +77,19 @@ def plan_replicas(spec: dict, *, job_id: str, job_dir: str, ports: list[int], ex
       if base:
         env.update(AIP_MODEL_DIR=f"{base}/model/", AIP_CHECKPOINT_DIR=f"{base}/checkpoints/",
                    AIP_TENSORBOARD_LOG_DIR=f"{base}/logs/")
-      replicas.append(Replica(pool=i, index=index, task_type=POOL_TYPES[i], args=args, env=env,
+      replicas.append(Replica(pool=i, index=index, task_type=POOL_TYPES[i], args=args, env=env, command=command,
                               log_path=os.path.join(job_dir, f"workerpool{i}-{index}.log")))
   return replicas
+
+
+def local_argv(command: tuple[str, ...]) -> list[str]:
+  """A trainer command as this machine runs it: the container's `python3`/`python` (or the console script) is
+  this interpreter, with the trainer installed from the sdist on its path."""
+  if list(command) == ["vertex-tf-trainer"]:
+    return [sys.executable, "-m", "trainer.task"]  # the console script's entry is trainer.task's __main__
+  if command and command[0] in ("python", "python3"):
+    return [sys.executable, *command[1:]]
+  raise LocalRunError(f"cannot run {list(command)!r} here: expected a python -m command or vertex-tf-trainer")
 
 
 def check_trainer_args(replicas: list[Replica]) -> None:

@@ -11,6 +11,7 @@ own (a MultiWorkerMirrored job stops together); they restart under --restart_fai
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import sys
 import threading
 import time
 
+from scripts.localrun.planning import local_argv
 from scripts.localrun.planning import Preemption
 from scripts.localrun.planning import Replica
 
@@ -32,7 +34,7 @@ class _Streamer(threading.Thread):
   def run(self) -> None:
     with open(self.replica.log_path, "a") as log:
       for raw in self.replica.process.stdout:  # type: ignore[union-attr]
-        line = raw.decode(errors="replace")
+        line = _readable(raw.decode(errors="replace"))
         log.write(line)
         log.flush()
         if not self.quiet:
@@ -41,9 +43,23 @@ class _Streamer(threading.Thread):
             sys.stdout.flush()
 
 
-def _start(replica: Replica, *, module: str, site: str, base_env: dict, quiet: bool, lock: threading.Lock) -> None:
+def _readable(line: str) -> str:
+  """A trainer's JSON log line (it writes them when CLOUD_ML_JOB_ID is set, as on Vertex) as a human line:
+  the severity's initial and the message; any other line as it is."""
+  if not line.startswith("{"):
+    return line
+  try:
+    entry = json.loads(line)
+  except ValueError:
+    return line
+  if not isinstance(entry, dict) or "severity" not in entry or "message" not in entry:
+    return line
+  return f"{str(entry['severity'])[:1]} {entry['message']}\n"
+
+
+def _start(replica: Replica, *, site: str, base_env: dict, quiet: bool, lock: threading.Lock) -> None:
   env = {**base_env, **replica.env, "PYTHONPATH": site, "PYTHONUNBUFFERED": "1"}
-  replica.process = subprocess.Popen([sys.executable, "-m", module, *replica.args], env=env, cwd=site,
+  replica.process = subprocess.Popen([*local_argv(replica.command), *replica.args], env=env, cwd=site,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
   replica.started = time.monotonic()
   replica.ended = replica.exit_code = None
@@ -80,7 +96,7 @@ def _log_size(replica: Replica) -> int:
     return 0
 
 
-def supervise(replicas: list[Replica], *, module: str, site: str, base_env: dict, timeout_secs: float,
+def supervise(replicas: list[Replica], *, site: str, base_env: dict, timeout_secs: float,
               restart_failed: int, quiet: bool = False, preemptions: list[Preemption] = (),
               grace_secs: float = 30.0, restart_job: bool = False) -> tuple[bool, str, Replica | None]:
   """Runs the replicas to the job's end; returns (succeeded, reason, the replica that failed it).
@@ -99,7 +115,7 @@ def supervise(replicas: list[Replica], *, module: str, site: str, base_env: dict
     for r in (replicas if restart_job else [replica]):
       if r is not replica:
         _stop([r])
-      _start(r, module=module, site=site, base_env=base_env, quiet=quiet, lock=lock)
+      _start(r, site=site, base_env=base_env, quiet=quiet, lock=lock)
     if restart_job:
       say(f"restarting every replica (scheduling.restartJobOnWorkerRestart), after {replica.name}")
 
@@ -131,7 +147,7 @@ def supervise(replicas: list[Replica], *, module: str, site: str, base_env: dict
     waits_for_chief.add("worker")
   try:
     for replica in replicas:
-      _start(replica, module=module, site=site, base_env=base_env, quiet=quiet, lock=lock)
+      _start(replica, site=site, base_env=base_env, quiet=quiet, lock=lock)
     while True:
       preempt_due()
       for replica in replicas:

@@ -1,0 +1,19 @@
+# The trainer image for Vertex AI custom jobs (containerSpec pools): TensorFlow and CUDA from the official
+# TensorFlow GPU image at the version the project pins and tests (requirements-dev.txt), the trainer from its sdist.
+#   python setup.py -q sdist --formats=gztar --dist-dir=dist && docker build -t IMAGE .
+#   python -m scripts.submit --config=cloud_configs/container_single_gpu.yaml --build_image ...   # through Cloud Build
+# Nothing in it is specific to one job: the job's args come from the config's containerSpec.args.
+ARG TF_VERSION=2.21.0
+FROM tensorflow/tensorflow:${TF_VERSION}-gpu
+
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# The sdist is the trainer alone (MANIFEST.in). Its only requirement, absl-py, comes with TensorFlow, so pip
+# installs nothing else and never touches the image's TensorFlow.
+COPY dist/*.tar.gz /tmp/trainer/
+RUN python3 -m pip install /tmp/trainer/*.tar.gz && rm -rf /tmp/trainer
+
+WORKDIR /
+ENTRYPOINT ["python3", "-m", "trainer.task"]

@@ -1,0 +1,83 @@
+"""Building and pushing the trainer image (the Dockerfile) through Cloud Build (`submit.py --build_image`).
+
+The build context is the Dockerfile and the trainer sdist in dist/, as a tarball staged in the job's bucket;
+the build runs `docker build` with the pinned TF version and pushes the image, which Cloud Build lists in the
+build's results. Nothing is built here: no Docker daemon or registry is needed on this machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import tarfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCKERFILE = os.path.join(REPO, "Dockerfile")
+DOCKER_BUILDER = "gcr.io/cloud-builders/docker"
+
+
+def dockerfile_tf_version(path: str = DOCKERFILE) -> str:
+  """The TF version the Dockerfile's base image is pinned to (its `ARG TF_VERSION=`)."""
+  with open(path) as f:
+    match = re.search(r"^ARG TF_VERSION=(\S+)$", f.read(), re.M)
+  if not match:
+    raise ValueError(f"{path}: no 'ARG TF_VERSION=' line")
+  return match.group(1)
+
+
+def build_context(sdist: str, out_dir: str) -> str:
+  """A gzipped tarball of the Dockerfile and dist/<sdist>; returns its path (named by content)."""
+  buffer = io.BytesIO()
+  with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+    tar.add(DOCKERFILE, arcname="Dockerfile")
+    tar.add(sdist, arcname=f"dist/{os.path.basename(sdist)}")
+  digest = hashlib.sha256(buffer.getvalue()).hexdigest()[:12]
+  path = os.path.join(out_dir, f"trainer-image-context-{digest}.tar.gz")
+  with open(path, "wb") as f:
+    f.write(buffer.getvalue())
+  return path
+
+
+def build_request(*, project: str, region: str, image: str, context_uri: str) -> dict:
+  """The CreateBuildRequest body (REST JSON): docker build + push of `image` from the staged context."""
+  bucket, _, name = context_uri[len("gs://"):].partition("/")
+  return {
+      "parent": f"projects/{project}/locations/{region}",
+      "build": {
+          "source": {"storageSource": {"bucket": bucket, "object": name}},
+          "steps": [{"name": DOCKER_BUILDER,
+                     "args": ["build", "--build-arg", f"TF_VERSION={dockerfile_tf_version()}", "-t", image, "."]}],
+          "images": [image],
+          "timeout": "3600s",
+          "tags": ["vertex-tf-trainer"],
+      },
+  }
+
+
+def build_client(api_endpoint: str | None):
+  from google.cloud.devtools import cloudbuild_v1  # pylint: disable=g-import-not-at-top
+
+  kwargs: dict = {}
+  if api_endpoint:
+    kwargs["client_options"] = {"api_endpoint": api_endpoint}
+    if api_endpoint.startswith("http://"):
+      from google.auth.credentials import AnonymousCredentials  # pylint: disable=g-import-not-at-top
+      kwargs.update(credentials=AnonymousCredentials(), transport="rest")
+  return cloudbuild_v1.CloudBuildClient(**kwargs)
+
+
+def run_build(client, request: dict, *, timeout_secs: float = 3600) -> str:
+  """Sends the build (parsed into cloudbuild_v1 types), waits for it; returns the pushed image's digest URI."""
+  from google.cloud.devtools import cloudbuild_v1  # pylint: disable=g-import-not-at-top
+  from google.protobuf import json_format  # pylint: disable=g-import-not-at-top
+
+  parsed = cloudbuild_v1.CreateBuildRequest()
+  json_format.ParseDict(request, parsed._pb)  # pylint: disable=protected-access
+  build = client.create_build(request=parsed).result(timeout=timeout_secs)
+  if build.status != cloudbuild_v1.Build.Status.SUCCESS:
+    raise RuntimeError(f"Cloud Build {build.id} ended {build.status.name}: {build.log_url or ''}".strip())
+  pushed = [i for i in build.results.images if i.name == request["build"]["images"][0]]
+  return f"{pushed[0].name.split(':')[0]}@{pushed[0].digest}" if pushed and pushed[0].digest else \
+      request["build"]["images"][0]

@@ -1,0 +1,235 @@
+"""What Vertex offers today: the trainer image (Dockerfile), containerSpec configs, the prebuilt images' end of
+availability, Cloud Build, and Model Registry. Requests are captured by the fake control plane and parsed into
+the API's own types; the build context and sdist go to the emulated bucket."""
+
+import datetime
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+
+import pytest
+from google.cloud import aiplatform_v1
+from google.cloud.devtools import cloudbuild_v1
+from google.protobuf import json_format
+
+import fake_vertex
+import procs
+from scripts import cloud_build
+from scripts import registry
+from scripts import submit
+from scripts import vertex_config
+
+VALUES = {"PROJECT": "p", "REGION": "us-central1", "BUCKET": "b", "PACKAGE_URI": "gs://b/staging/t.tar.gz",
+          "RUN_ID": "r1"}
+CONTAINER = """
+workerPoolSpecs:
+  - machineSpec: {machineType: n1-standard-4}
+    replicaCount: 1
+    containerSpec:
+      imageUri: ${TRAINER_IMAGE}
+      command: [python3, -m, trainer.task]
+      args: [--train_steps=10]
+baseOutputDirectory: {outputUriPrefix: gs://b/runs/r1}
+"""
+
+
+def _load(tmp_path, text, values=VALUES):
+  path = tmp_path / "job.yaml"
+  path.write_text(text)
+  return vertex_config.load(str(path), values)
+
+
+def test_container_configs_run_the_trainer_image(tmp_path):
+  for name in ("container_single_gpu.yaml", "container_multi_worker_gpu.yaml", "container_parameter_server.yaml"):
+    config = vertex_config.load(os.path.join(procs.REPO, "cloud_configs", name), VALUES)
+    for pool in config.body["workerPoolSpecs"]:
+      assert pool["containerSpec"]["imageUri"] == "us-central1-docker.pkg.dev/p/vertex-tf-trainer/trainer:0.1.0"
+      assert vertex_config.trainer_command(pool) == ["python3", "-m", "trainer.task"]
+    assert not config.warnings  # the trainer image has no end of availability
+  # The image's ENTRYPOINT, when a config gives no command, is the trainer too.
+  assert re.search(r'^ENTRYPOINT \["python3", "-m", "trainer.task"\]$', open(cloud_build.DOCKERFILE).read(), re.M)
+
+
+@pytest.mark.parametrize("text,message", [
+    (CONTAINER.replace("      imageUri: ${TRAINER_IMAGE}\n", ""),
+     r"workerPoolSpecs\[0\]\.containerSpec\.imageUri is required: the trainer image"),
+    (CONTAINER.replace("[python3, -m, trainer.task]", "[python3, train.py]"),
+     r"containerSpec\.command \['python3', 'train.py'\] is not the trainer; expected \[\"python3\", \"-m\", "
+     r"\"trainer.task\"\]"),
+    (CONTAINER.replace("${TRAINER_IMAGE}", "us-docker.pkg.dev/vertex-ai/training/tf-cpu.2-17.py310:latest"),
+     r"is a prebuilt training image, which does not hold the trainer"),
+    (CONTAINER.replace("baseOutputDirectory", "  - machineSpec: {machineType: n1-standard-4}\n    replicaCount: 1\n"
+                       "    pythonPackageSpec:\n      executorImageUri: ${CPU_IMAGE}\n      packageUris: [${PACKAGE_URI}]\n"
+                       "      pythonModule: trainer.task\nbaseOutputDirectory"),
+     r"mix pythonPackageSpec and containerSpec trainer pools; every replica must run the same TensorFlow"),
+])
+def test_bad_container_configs(tmp_path, text, message):
+  with pytest.raises(vertex_config.ConfigError, match=message) as raised:
+    _load(tmp_path, text)
+  assert "\n" not in str(raised.value)
+
+
+def test_a_prebuilt_image_past_its_end_of_availability_is_a_warning_not_an_error():
+  path = os.path.join(procs.REPO, "cloud_configs", "single_cpu.yaml")
+  config = vertex_config.JobConfig(path=path, kind="custom_job",
+                                   body=vertex_config.load(path, VALUES).body)
+  assert vertex_config.validate(config, today=datetime.date(2026, 7, 11)) == []  # the last day it is offered
+  (warning,) = vertex_config.validate(config, today=datetime.date(2026, 7, 12))
+  assert warning.startswith(f"{path}: tf-cpu.2-17.py310:latest (TF 2.17) is past its end of availability "
+                            "2026-07-11") and "cloud_configs/container_*.yaml" in warning
+  assert vertex_config.prebuilt_image_info(config.body["workerPoolSpecs"][0]["pythonPackageSpec"]
+                                           ["executorImageUri"]) == ("2.17", "3.10", "2026-07-11")
+
+
+def test_the_validator_prints_the_warning_and_still_passes():
+  result = subprocess.run([sys.executable, "-m", "scripts.vertex_config", "cloud_configs/single_cpu.yaml"],
+                          cwd=procs.REPO, env=procs.trainer_env(), capture_output=True, text=True, check=False)
+  assert result.returncode == 0 and result.stdout.startswith("ok  cloud_configs/single_cpu.yaml")
+  if datetime.date.today() > datetime.date(2026, 7, 11):
+    assert result.stderr.startswith("warning: cloud_configs/single_cpu.yaml: tf-cpu.2-17.py310:latest")
+
+
+# ----- the Dockerfile ------------------------------------------------------------------------------------------
+
+
+def test_the_dockerfile_lints_clean_and_pins_the_tested_tf():
+  hadolint = os.path.join(os.path.dirname(sys.executable), "hadolint")
+  result = subprocess.run([hadolint, cloud_build.DOCKERFILE], capture_output=True, text=True, check=False)
+  assert result.returncode == 0, result.stdout + result.stderr
+  pinned = re.search(r"^tensorflow==(\S+)$", open(os.path.join(procs.REPO, "requirements-dev.txt")).read(), re.M)
+  assert cloud_build.dockerfile_tf_version() == pinned.group(1)  # the image runs the TF CI tests
+  from dockerfile_parse import DockerfileParser  # pylint: disable=g-import-not-at-top
+  parser = DockerfileParser(path=cloud_build.DOCKERFILE)
+  assert parser.baseimage == f"tensorflow/tensorflow:{pinned.group(1)}-gpu"  # the official GPU image, ARG resolved
+
+
+def test_the_dockerfiles_install_step_in_a_clean_venv(tmp_path):
+  """The image's COPY and RUN, reproduced: a venv with nothing in it stands for the base image's Python (its
+  TensorFlow is not needed to install the trainer or to list its flags)."""
+  from dockerfile_parse import DockerfileParser  # pylint: disable=g-import-not-at-top
+  instructions = DockerfileParser(path=cloud_build.DOCKERFILE).structure
+  (copy,) = [i["value"] for i in instructions if i["instruction"] == "COPY"]
+  (run,) = [i["value"] for i in instructions if i["instruction"] == "RUN"]
+  source, destination = copy.split()
+  assert source == "dist/*.tar.gz"
+  context = tmp_path / "context"
+  sdist = submit.build_sdist(str(context / "dist"))
+  assert re.fullmatch(source.replace("*", ".*"), os.path.relpath(sdist, context))  # the COPY finds the sdist
+  staged = tmp_path / destination.strip("/")
+  staged.mkdir(parents=True)
+  os.link(sdist, staged / os.path.basename(sdist))
+  venv = tmp_path / "image"
+  subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+  command = run.replace("python3 ", f"{venv}/bin/python ").replace(destination.rstrip("/"), str(staged))
+  env = {**procs.trainer_env(), "PIP_NO_CACHE_DIR": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+  env.pop("PYTHONPATH")
+  result = subprocess.run(["bash", "-c", command], cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+  assert not staged.exists()  # the layer keeps no copy of the sdist
+  help_text = subprocess.run([f"{venv}/bin/python", "-m", "trainer.task", "--help"], cwd=str(tmp_path), env=env,
+                             capture_output=True, text=True, check=False)
+  assert "--train_data" in help_text.stdout + help_text.stderr, help_text.stderr[-2000:]
+  check = subprocess.run([f"{venv}/bin/python", "-m", "pip", "check"], env=env, capture_output=True, text=True,
+                         check=False)
+  assert check.returncode == 0, check.stdout
+
+
+# ----- submission: Cloud Build, the job, Model Registry --------------------------------------------------------
+
+
+def _bucket(prefix):
+  from google.cloud import storage  # pylint: disable=g-import-not-at-top
+  return storage.Client(project="p").bucket("test-bucket"), prefix
+
+
+def test_build_submit_and_register_are_captured_and_parse_into_the_api_types(gcs, capsys):
+  with fake_vertex.running() as fake:
+    code = submit.main(["--config=cloud_configs/container_multi_worker_gpu.yaml", "--project=proj",
+                        "--region=europe-west4", "--bucket=test-bucket", "--run_id=c1", "--build_image",
+                        "--upload_model", "--args=--train_steps=50", f"--api_endpoint={fake.endpoint}",
+                        "--poll_secs=0.05"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    (build_body,) = fake.created("builds")
+    (job_body,) = fake.created("customJobs")
+    (upload_body,) = fake.created("models:upload")
+    order = [r["collection"] for r in fake.requests if r["method"] == "POST"]
+  assert order == ["builds", "customJobs", "models:upload"]  # built before the job, registered after it
+
+  build = cloudbuild_v1.Build()
+  json_format.ParseDict(build_body, build._pb)  # pylint: disable=protected-access
+  image = "europe-west4-docker.pkg.dev/proj/vertex-tf-trainer/trainer:0.1.0"
+  assert list(build.images) == [image]
+  assert list(build.steps[0].args) == ["build", "--build-arg", "TF_VERSION=2.21.0", "-t", image, "."]
+  bucket, _ = _bucket("")
+  context = bucket.blob(build.source.storage_source.object).download_as_bytes()  # the context really is there
+  with tarfile.open(fileobj=io.BytesIO(context)) as tar:
+    names = sorted(tar.getnames())
+  assert names[0] == "Dockerfile" and re.fullmatch(r"dist/vertex-tf-trainer-[\d.]+\.tar\.gz", names[1])
+
+  job = aiplatform_v1.CustomJob()
+  json_format.ParseDict(job_body, job._pb)  # pylint: disable=protected-access
+  for pool in job.job_spec.worker_pool_specs:  # the job runs exactly the build, by digest
+    assert pool.container_spec.image_uri == image.split(":")[0] + "@sha256:" + "ab" * 32
+    assert list(pool.container_spec.args)[-1] == "--train_steps=50"
+    assert not pool.python_package_spec.package_uris
+
+  request = aiplatform_v1.UploadModelRequest()
+  json_format.ParseDict({"parent": "projects/proj/locations/europe-west4", **upload_body},
+                        request._pb)  # pylint: disable=protected-access
+  model = request.model
+  assert model.artifact_uri == "gs://test-bucket/runs/c1/model/"
+  # The newest prebuilt TF prediction image Vertex's SDK lists, not newer than the TF that trained the model.
+  assert re.fullmatch(r"europe-docker\.pkg\.dev/vertex-ai/prediction/tf2-cpu\.2-\d+:latest", model.container_spec.image_uri)
+  assert model.container_spec.image_uri in registry.prediction_images()
+  assert model.predict_schemata.instance_schema_uri == "gs://test-bucket/runs/c1/model/instance_schema.yaml"
+  assert model.predict_schemata.prediction_schema_uri == "gs://test-bucket/runs/c1/model/prediction_schema.yaml"
+  job_id = job_body.get("name", "") or fake.requests[-2]["path"]
+  assert dict(model.labels) == {"vertex-tf-trainer-job": model.labels["vertex-tf-trainer-job"],
+                                "vertex-tf-trainer-run": "c1", "training-tf": "2-21"}
+  assert model.labels["vertex-tf-trainer-job"].isdigit() and model.labels["vertex-tf-trainer-job"] in out
+  del job_id
+  assert re.search(r"^registered projects/proj/locations/europe-west4/models/\d+ ", out, re.M)
+
+
+def test_a_prebuilt_image_job_registers_with_the_matching_serving_image(capsys):
+  with fake_vertex.running() as fake:
+    code = submit.main(["--config=cloud_configs/single_cpu.yaml", "--project=proj", "--bucket=bkt", "--run_id=d2",
+                        "--upload_model", "--dry_run", f"--api_endpoint={fake.endpoint}"])
+    assert not fake.requests
+  assert code == 0
+  printed = json.loads(capsys.readouterr().out.partition("\n# config written to ")[0])
+  upload = printed["upload_model"]
+  request = aiplatform_v1.UploadModelRequest()
+  json_format.ParseDict(upload, request._pb)  # pylint: disable=protected-access
+  assert request.model.labels["training-tf"] == "2-17"
+  assert request.model.container_spec.image_uri == registry.serving_image("2.17", "us-central1")
+  assert request.model.container_spec.image_uri.startswith("us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--config=cloud_configs/single_cpu.yaml", "--build_image"],
+     r"^error: --build_image: cloud_configs/single_cpu.yaml runs pythonPackageSpec pools on a prebuilt image"),
+    (["--config=cloud_configs/container_single_gpu.yaml", "--extra_package=."],
+     r"^error: --extra_package applies to pythonPackageSpec pools; a containerSpec pool runs what its image holds"),
+    (["--config=cloud_configs/container_single_gpu.yaml", "--upload_model", "--no_follow"],
+     r"^error: --upload_model waits for the job to succeed"),
+    (["--config={no_output}", "--upload_model"],
+     r"^error: --upload_model needs the job's model dir in Cloud Storage, and \S+ has no "
+     r"baseOutputDirectory\.outputUriPrefix"),
+])
+def test_bad_container_submissions_send_nothing(gcs, capsys, tmp_path, args, message):
+  no_output = tmp_path / "no_output.yaml"
+  no_output.write_text(CONTAINER.split("baseOutputDirectory")[0])
+  args = [a.replace("{no_output}", str(no_output)) for a in args]
+  with fake_vertex.running() as fake:
+    code = submit.main(args + ["--project=p", "--bucket=test-bucket", f"--api_endpoint={fake.endpoint}"])
+    assert not fake.requests
+  captured = capsys.readouterr()
+  assert code == 2
+  assert re.search(message, captured.err, re.M) and len(captured.err.strip().splitlines()) == 1, captured.err
