@@ -320,7 +320,9 @@ def _submit(args) -> int:
       if upload_request:
         printed["upload_model"] = upload_request
       print(json.dumps(printed, indent=2))
-      print(f"# config written to {rendered}; upload the sdist to {uri}, then:")
+      first = (f"build and push the trainer image ({'the build above' if build_request else 'Dockerfile'})"
+               if containers else f"upload the sdist to {uri}")
+      print(f"# config written to {rendered}; {first}, then:")
       print(gcloud_command(config.kind, project=args.project, region=args.region, display_name=display_name,
                            config_file=rendered))
       return 0

@@ -267,7 +267,7 @@ def test_preemptions_in_a_row_lose_no_step(staged, gcs, tmp_path):
   result = subprocess.run(
       [sys.executable, "-m", "scripts.local_vertex", "--config=cloud_configs/multi_worker_gpu.yaml",
        "--replica_count=1=1", "--run_id=preempted", "--restart_failed=2", "--preempt=workerpool1-0@45",
-       "--preempt=workerpool0-0@100", "--preempt_grace_secs=30", "--args=--train_steps=10000",
+       "--preempt=workerpool0-0@80", "--preempt_grace_secs=30", "--args=--train_steps=16000",
        "--args=--num_cpu_devices=1",
        "--args=--steps_per_loop=10", "--args=--checkpoint_every_steps=100000", "--args=--global_batch_size=32",
        "--args=--eval_steps=4", "--bucket=test-bucket", f"--job_dir={job_dir}", "--quiet", "--timeout_secs=400"],
@@ -278,10 +278,10 @@ def test_preemptions_in_a_row_lose_no_step(staged, gcs, tmp_path):
   # TensorFlow's clean-up; see trainer/preemption.py).
   lines = re.findall(r"^  (workerpool\d-0) @ (\d+) s: exit (?:143|1) after [\d.]+ s, saved step (\d+); resumed at step "
                      r"(\d+)$", result.stdout, re.M)
-  assert [(name, at) for name, at, _, _ in lines] == [("workerpool1-0", "45"), ("workerpool0-0", "100")], \
+  assert [(name, at) for name, at, _, _ in lines] == [("workerpool1-0", "45"), ("workerpool0-0", "80")], \
       result.stdout[-3000:]
   assert all(saved == resumed for _, _, saved, resumed in lines)  # 0 steps lost per preemption
   with tf.io.gfile.GFile(f"{base}/model/eval_metrics.json") as f:
     metrics = json.load(f)
-  assert metrics["final_step"] == 10000 and metrics["resumed_from_step"] == int(lines[-1][3])
+  assert metrics["final_step"] == 16000 and metrics["resumed_from_step"] == int(lines[-1][3])
   assert not _children_of(job_dir)

@@ -62,7 +62,9 @@ def test_a_second_job_on_a_live_run_dir_is_refused_and_the_same_job_continues(ch
       assert first.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
       time.sleep(0.2)
     other = procs.run_trainer(_args(churn_data, out, 100), env={"CLOUD_ML_JOB_ID": "2002"})
-    errors = [line for line in other.stderr.splitlines() if line.startswith("error:")]
+    # CLOUD_ML_JOB_ID set and no terminal: the trainer logs JSON lines, as on Vertex (trainer/logs.py).
+    messages = [json.loads(line)["message"] if line.startswith("{") else line for line in other.stderr.splitlines()]
+    errors = [m for m in messages if m.startswith("error:")]
     assert other.returncode == 2 and len(errors) == 1, other.stderr[-3000:]
     assert errors[0].startswith(f"error: --checkpoint_dir: {out}/checkpoints is in use by job 1001 (pid "
                                 f"{first.pid} on ")

@@ -79,6 +79,32 @@ def test_predict_schemata_describe_what_the_signature_takes_and_returns(churn_ex
   assert prediction_schema["properties"]["probabilities"]["maxItems"] == 2
 
 
+def _other_stack() -> str | None:
+  """The other venv's Python: the prebuilt-image stack (.venv-tf217) from the pinned one (.venv), and back."""
+  here = os.path.basename(os.path.abspath(sys.prefix))
+  other = os.path.join(procs.REPO, ".venv" if here == ".venv-tf217" else ".venv-tf217", "bin", "python")
+  return other if os.path.exists(other) else None
+
+
+@pytest.mark.smoke
+def test_an_export_from_the_other_tf_stack_serves_here(churn_data, tmp_path):
+  """Trained and exported on one TF (2.21 pinned, or 2.17 as on Vertex's prebuilt image), served by the other's
+  session loader: a model trained in the container serves on an older TF Serving, and one trained on the
+  prebuilt image on a newer one."""
+  other = _other_stack()
+  if other is None:
+    pytest.skip("the other venv is not made yet (scripts/test.sh makes .venv-tf217 after the main run)")
+  result = subprocess.run([other, "-m", "trainer.task", f"--train_data={churn_data}/train/*.tfrecord",
+                           f"--output_dir={tmp_path}", "--train_steps=100", "--eval_steps=0"], cwd=procs.REPO,
+                          env=procs.trainer_env(), capture_output=True, text=True, timeout=240, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  exported_on = json.loads((tmp_path / "model" / "eval_metrics.json").read_text())["tensorflow_version"]
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  assert exported_on != tf.__version__
+  response = serving.assert_loaders_agree(str(tmp_path / "model"), f"{churn_data}/eval/*.tfrecord")
+  assert len(response["predictions"]) == 50
+
+
 def test_saved_model_cli_runs_the_signature(churn_export):
   """The other session-based loader users reach for first."""
   exprs = ('tenure_months=[60.0,1.0];monthly_charges=[50.0,120.0];support_calls=[0.0,6.0];'
