@@ -197,6 +197,34 @@ def test_jsonl_strings_arrays_booleans_and_escapes(tmp_path):
   np.testing.assert_allclose(labels, [1.5, -2, 0])
 
 
+@pytest.mark.parametrize("writer", ["pandas", "json.dumps", "utf-8"])
+def test_jsonl_unicode_and_control_escapes_read_as_json_loads_reads_them(tmp_path, writer):
+  """pandas' to_json and json.dumps escape every non-ASCII character (\\u00e3, a surrogate pair for an emoji)
+  and control characters (\\n, \\t): the pipeline reads the same strings as json.loads and schema inference,
+  or their vocabulary ids would not match (train/serve skew on every accented category)."""
+  cities = ["São Paulo", "Zürich", "東京", "smile 😀", "tab\there", "two\nlines", "a \\u00e9 literal",
+            'quote " and \\ slash', "plain"]
+  frame = pd.DataFrame({"città": cities * 3, "y": np.arange(len(cities) * 3, dtype=np.float64)})
+  path = tmp_path / "rows.jsonl"
+  if writer == "pandas":
+    frame.to_json(path, orient="records", lines=True)  # force_ascii=True: pandas' default
+  else:
+    ensure_ascii = writer == "json.dumps"
+    path.write_text("".join(json.dumps(row, ensure_ascii=ensure_ascii) + "\n" for row in frame.to_dict("records")),
+                    encoding="utf-8")
+  text = path.read_text(encoding="utf-8")
+  assert ("\\u00e3" in text) == (writer != "utf-8") and ("São" in text) == (writer == "utf-8")
+  schema = schema_inference.infer_schema([str(path)], _source(str(path)),
+                                         schema_inference.InferenceConfig(label="y"), flag="f",
+                                         log=lambda _: None)
+  vocabulary = schema.feature("città").vocabulary
+  assert sorted(vocabulary) == sorted(cities)
+  features, labels = _read_all(str(path), schema, _source(str(path)))
+  expected = [vocabulary.index(city) + 1 for city in frame["città"]]  # id 0 is out of vocabulary
+  np.testing.assert_array_equal(features[schema.feature("città").input_name], expected)
+  np.testing.assert_allclose(labels, frame["y"])
+
+
 def _digits():
   digits = sk_datasets.load_digits()
   return digits.images.astype(np.uint8), digits.target

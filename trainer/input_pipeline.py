@@ -257,6 +257,56 @@ def _json_value_kind(schema: schema_lib.Schema, name: str) -> str:
   return "array" if feature.values_per_example > 1 else "number"
 
 
+_ESCAPED_BACKSLASH = "\x02"  # a raw control character cannot be in a JSON string: a safe stand-in for \\
+_SIMPLE_ESCAPES = ((r'\\"', '"'), (r"\\/", "/"), (r"\\b", "\b"), (r"\\f", "\f"), (r"\\n", "\n"), (r"\\r", "\r"),
+                   (r"\\t", "\t"))  # (RE2 pattern, character)
+
+
+def _unescape_json_strings(text):
+  """JSON string bodies decoded as json.loads decodes them, in the graph: the two-character escapes, then
+  \\uXXXX (json.dumps and pandas' to_json write every non-ASCII character so, by default) with UTF-16 surrogate
+  pairs joined. Batches without a backslash, the common case, skip the work."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  def unescape():
+    out = tf.strings.regex_replace(text, r"\\\\", _ESCAPED_BACKSLASH)
+    for escape, character in _SIMPLE_ESCAPES:
+      out = tf.strings.regex_replace(out, escape, character)
+    out = _decode_unicode_escapes(out)
+    return tf.strings.regex_replace(out, _ESCAPED_BACKSLASH, r"\\")  # RE2's rewrite for one backslash
+
+  return tf.cond(tf.reduce_any(tf.strings.regex_full_match(text, r"(?s).*\\.*")), unescape, lambda: text)
+
+
+def _decode_unicode_escapes(text):
+  """Replaces each \\uXXXX (no escaped backslash is left in `text`) by its character: the pieces after a "\\u"
+  start with 4 hex digits; a high surrogate piece with nothing after its digits, followed by a low one, is
+  one character (an emoji as json.dumps writes it). Malformed escapes become U+FFFD."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  pieces = tf.strings.split(text, "\\u")
+  flat = pieces.flat_values
+  is_escape = tf.ragged.range(pieces.row_lengths()).flat_values > 0  # every piece but a row's first
+  digits = tf.strings.unicode_decode(tf.strings.substr(flat, 0, 4), "UTF-8").to_tensor(shape=[None, 4])
+  lower = tf.bitwise.bitwise_or(digits, 32)
+  nibbles = tf.where((digits >= 48) & (digits <= 57), digits - 48,
+                     tf.where((lower >= 97) & (lower <= 102), lower - 87, -1))
+  length = tf.strings.length(flat)
+  well_formed = tf.reduce_all(nibbles >= 0, axis=1) & (length >= 4)
+  code = tf.reduce_sum(tf.maximum(nibbles, 0) * tf.constant([4096, 256, 16, 1]), axis=1)
+  code = tf.where(well_formed, code, 0xFFFD)
+  rest = tf.strings.substr(flat, tf.where(well_formed, 4, 0), length)
+  next_code = tf.concat([code[1:], [0]], 0)
+  next_is_escape = tf.concat([is_escape[1:], [False]], 0)  # the next piece is in this row only if it is an escape
+  pair = (is_escape & (code >= 0xD800) & (code <= 0xDBFF) & (tf.strings.length(rest) == 0) & next_is_escape &
+          (next_code >= 0xDC00) & (next_code <= 0xDFFF))
+  second_of_pair = tf.concat([[False], pair[:-1]], 0)
+  code = tf.where(pair, 0x10000 + (code - 0xD800) * 0x400 + (next_code - 0xDC00), code)
+  character = tf.strings.unicode_encode(code[:, None], "UTF-8", errors="replace")
+  decoded = tf.where(is_escape, tf.where(second_of_pair, rest, character + rest), flat)
+  return tf.strings.reduce_join(pieces.with_flat_values(decoded), axis=1)
+
+
 def _jsonl_columns(lines, schema: schema_lib.Schema):
   """{column: tensor} for a batch of JSON lines: one RE2 pass per column extracts its value."""
   import json  # pylint: disable=g-import-not-at-top
@@ -267,9 +317,10 @@ def _jsonl_columns(lines, schema: schema_lib.Schema):
   columns = {}
   for name in schema.columns:
     kind = _json_value_kind(schema, name)
-    key = re.escape(json.dumps(name))
-    extracted = tf.strings.regex_replace(lines, r"^.*?" + key + r"\s*:\s*" + _JSON_VALUE[kind] + r".*$",
-                                         _PRESENT + r"\1")
+    # The key as json.dumps writes it by default (non-ASCII as \\uXXXX) or as UTF-8 (ensure_ascii=False).
+    keys = dict.fromkeys(re.escape(json.dumps(name, ensure_ascii=ascii_only)) for ascii_only in (True, False))
+    extracted = tf.strings.regex_replace(
+        lines, r"^.*?(?:" + "|".join(keys) + r")\s*:\s*" + _JSON_VALUE[kind] + r".*$", _PRESENT + r"\1")
     present = tf.strings.substr(extracted, 0, 1) == _PRESENT
     length = tf.strings.length(extracted)
     text = tf.strings.substr(extracted, tf.ones_like(length), length - 1)
@@ -281,7 +332,7 @@ def _jsonl_columns(lines, schema: schema_lib.Schema):
       with tf.control_dependencies([check]):
         text = tf.identity(text)
     if kind == "string":
-      text = tf.strings.regex_replace(text, r'\\(["\\/])', r"\1")
+      text = _unescape_json_strings(text)
       columns[name] = text if default is None else tf.where(present, text, default)
     elif kind == "image":
       columns[name] = tf.io.decode_base64(tf.strings.regex_replace(tf.strings.regex_replace(

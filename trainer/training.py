@@ -393,18 +393,29 @@ def custom_loop(job: Job) -> TrainResult:
       state = loop_lib.run(start_step=start_step, total_steps=total_steps, advance=advance, actions=actions,
                            max_steps_per_call=None if parameter_server else cfg.steps_per_loop,
                            agree=_agreement(job), stop=(lambda: periodic.stopped) if periodic is not None else None)
-    final_step = int(optimizer.iterations.numpy())
-    if final_step < job.train_steps:
-      keeper.save(final_step)  # stopped early: a restart finds the run done at this step
-    eval_metrics = _final_evaluation(job, model, objective, writer, periodic, final_step)
-    return TrainResult(final_step=final_step, resumed_from_step=start_step, train_loss=state.loss,
-                       examples_per_sec=log.examples_per_sec, eval_metrics=eval_metrics, model=model)
+    return _finish(job, model, optimizer, objective, keeper, writer, periodic, start_step=start_step,
+                   train_loss=state.loss, examples_per_sec=log.examples_per_sec)
   finally:
-    if periodic is not None:
-      periodic.close()
-    if writer is not None:
-      writer.close()
-    keeper.close()
+    _close(keeper, writer, periodic)
+
+
+def _finish(job: Job, model, optimizer, objective: objective_lib.Objective, keeper: checkpoints.CheckpointKeeper,
+            writer, periodic, *, start_step: int, train_loss, examples_per_sec) -> TrainResult:
+  """After either loop: the early stop's checkpoint, the final evaluation, the result."""
+  final_step = int(optimizer.iterations.numpy())
+  if final_step < job.train_steps:
+    keeper.save(final_step)  # stopped early: a restart finds the run done at this step
+  eval_metrics = _final_evaluation(job, model, objective, writer, periodic, final_step)
+  return TrainResult(final_step=final_step, resumed_from_step=start_step, train_loss=train_loss,
+                     examples_per_sec=examples_per_sec, eval_metrics=eval_metrics, model=model)
+
+
+def _close(keeper: checkpoints.CheckpointKeeper, writer, periodic) -> None:
+  if periodic is not None:
+    periodic.close()
+  if writer is not None:
+    writer.close()
+  keeper.close()
 
 
 class _LossGuard:
@@ -616,15 +627,7 @@ def fit_loop(job: Job) -> TrainResult:
         history = model.fit(train_data, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=epoch_steps,
                             callbacks=[callback], verbose=0)
         losses = history.history.get("loss") or losses
-    final_step = int(optimizer.iterations.numpy())
-    if final_step < job.train_steps:
-      keeper.save(final_step)  # stopped early: a restart finds the run done at this step
-    eval_metrics = _final_evaluation(job, model, objective, writer, periodic, final_step)
-    return TrainResult(final_step=final_step, resumed_from_step=start_step, train_loss=losses[-1],
-                       examples_per_sec=log.examples_per_sec, eval_metrics=eval_metrics, model=model)
+    return _finish(job, model, optimizer, objective, keeper, writer, periodic, start_step=start_step,
+                   train_loss=losses[-1], examples_per_sec=log.examples_per_sec)
   finally:
-    if periodic is not None:
-      periodic.close()
-    if writer is not None:
-      writer.close()
-    keeper.close()
+    _close(keeper, writer, periodic)
