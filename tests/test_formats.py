@@ -197,6 +197,38 @@ def test_jsonl_strings_arrays_booleans_and_escapes(tmp_path):
   np.testing.assert_allclose(labels, [1.5, -2, 0])
 
 
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_csv_quoted_fields_with_line_breaks_read_whole(tmp_path, compression):
+  """Free text as pandas writes it to CSV: a field with a line break (LF or CRLF), comma or quote is quoted and
+  the break written as is. Pre-flight sees the break in the file's head and reads it with CsvDataset, which
+  follows the quotes; every record then reads as pandas reads it back."""
+  frame = iris_frame()
+  notes = ["fine", "two\nlines", "windows\r\nbreak", 'a "quoted", comma', "trailing break\n"]
+  frame["note"] = [notes[i % len(notes)] for i in range(len(frame))]
+  path = str(tmp_path / ("notes.csv.gz" if compression else "notes.csv"))
+  frame.to_csv(path, index=False, compression=compression)
+  source = _source(path)
+  assert source.multiline and source.header and "quoted line breaks" in source.describe()
+  schema = schema_inference.infer_schema([path], source, schema_inference.InferenceConfig(label="species"),
+                                         flag="f", log=lambda _: None)
+  vocabulary = schema.feature("note").vocabulary
+  assert sorted(vocabulary) == sorted(notes)
+  features, labels = _read_all(path, schema, source)
+  read_back = pd.read_csv(path)
+  assert len(labels) == len(read_back) == 150
+  np.testing.assert_array_equal(features["note"], [vocabulary.index(n) + 1 for n in read_back["note"]])
+  np.testing.assert_array_equal(labels, read_back["species"].map({"setosa": 0, "versicolor": 1,
+                                                                    "virginica": 2}))
+  np.testing.assert_allclose(features["petal_length__cm_"], read_back["petal length (cm)"], rtol=1e-6)
+  # A file without a break reads line by line (the faster reader), unless --csv_multiline asks for CsvDataset.
+  plain = str(tmp_path / "plain.csv")
+  frame.assign(note="fine").to_csv(plain, index=False)
+  assert not _source(plain).multiline
+  forced = formats.csv_source(formats.Source("csv"), plain, columns=None, flag="f", multiline=True)
+  features, labels = _read_all(plain, schema, forced)
+  assert len(labels) == 150 and set(features["note"]) == {vocabulary.index("fine") + 1}
+
+
 @pytest.mark.parametrize("writer", ["pandas", "json.dumps", "utf-8"])
 def test_jsonl_unicode_and_control_escapes_read_as_json_loads_reads_them(tmp_path, writer):
   """pandas' to_json and json.dumps escape every non-ASCII character (\\u00e3, a surrogate pair for an emoji)
@@ -376,12 +408,18 @@ def test_bad_records_deep_in_the_files_are_named(iris_files, tmp_path):
 
 
 def test_corrupt_gzip_and_undecodable_images(iris_files, tmp_path):
-  files, _ = iris_files
-  with open(files["csv_gz"], "rb") as f:
+  files, frame = iris_files
+  # Cut past the 64 KiB head pre-flight reads (a cut inside it is named there, before any pipeline runs).
+  whole = str(tmp_path / "whole.csv.gz")
+  noisy = pd.concat([frame] * 40, ignore_index=True)  # random digits: deflate blocks stay small, the cut late
+  noisy["sepal length (cm)"] = np.random.default_rng(0).normal(5.8, 0.8, len(noisy))
+  noisy.to_csv(whole, index=False, compression="gzip")
+  with open(whole, "rb") as f:
     data = f.read()
   truncated = str(tmp_path / "truncated.csv.gz")
   with open(truncated, "wb") as f:
     f.write(data[:len(data) // 2])
+  assert len(gzip.decompress(data)) // 2 > 64 * 1024
   schema = schema_inference.infer_schema([files["csv"]], _source(files["csv"]),
                                          schema_inference.InferenceConfig(label="species"), flag="f",
                                          log=lambda _: None)

@@ -7,6 +7,7 @@ import json
 import os
 
 import numpy as np
+import pandas as pd
 import tensorflow as tf
 
 import procs
@@ -157,6 +158,13 @@ def _bad_inputs(tmp_path):
   frame.to_csv(tmp_path / "mixed" / "b.csv", index=False, compression="gzip")
   with open(good / "train.csv.gz", "rb") as f:
     data = f.read()
+  # pandas quotes a field with a line break and writes the break as is; here the first one is past the 64 KiB
+  # head pre-flight looks in, so the files are read line by line and the split record fails deep in training.
+  (tmp_path / "late_break").mkdir()
+  late = pd.concat([frame] * 20, ignore_index=True).assign(note="ok")
+  late.loc[2800, "note"] = "two\nlines"
+  late.to_csv(tmp_path / "late_break" / "train.csv", index=False)
+  assert (tmp_path / "late_break" / "train.csv").read_text().index("two\nlines") > 64 * 1024
   (tmp_path / "corrupt").mkdir()
   (tmp_path / "corrupt" / "train.csv.gz").write_bytes(data[:20] + bytes(len(data) - 20))
   return [
@@ -167,6 +175,10 @@ def _bad_inputs(tmp_path):
                           "--global_batch_size=16", "--infer_sample_rows=100"], {},
        rf"^error: --train_data: {tmp_path}/deep/train.csv.gz line 142: column 'petal width \(cm\)' holds 'wide', "
        r"but the schema says float$"),
+      ("line_break_past_the_head", [f"--train_data={tmp_path}/late_break/*.csv", "--label=species",
+                                    "--shuffle_buffer=0"], {},
+       r"^error: --train_data/--eval_data: a quoted CSV field holds a line break beyond the first 64 KiB of the "
+       r"first file, .*: pass --csv_multiline to read them with CsvDataset"),
       ("label_not_a_column", [f"--train_data={good}/*.csv.gz", "--label=Species"], {},
        r"^error: --label='Species' is not a column of .*train.csv.gz \(columns: sepal length \(cm\), "),
       ("no_schema_no_label", [f"--train_data={good}/*.csv.gz"], {},

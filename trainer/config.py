@@ -72,6 +72,7 @@ class DataConfig:
   label: str | None = None  # --label: the label column (schema inference; checked against a given schema)
   task: str = "auto"
   csv_columns: tuple[str, ...] | None = None
+  csv_multiline: bool | None = None  # --csv_multiline; None: detected from each split's first file
   infer_sample_rows: int = 100_000
 
 

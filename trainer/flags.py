@@ -37,6 +37,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                     "(auto: text or few whole-number labels -> classification).", **fv)
   flags.DEFINE_list("csv_columns", None, "Names of every CSV column in order, for CSV files without a header "
                     "row (or use the schema's 'columns').", **fv)
+  flags.DEFINE_boolean("csv_multiline", None, "CSV whose quoted fields hold line breaks: read with CsvDataset, "
+                       "which follows quotes across lines (slower than the line reader). Default: on when the "
+                       "first 64 KiB of a split's first file has one.", **fv)
   flags.DEFINE_integer("infer_sample_rows", 100_000, "Records read to infer the schema (deterministic: the same "
                        "on every worker).", **fv)
   flags.DEFINE_integer("shuffle_buffer", 10_000, "Examples shuffled together: consecutive parsed batches holding at "
@@ -159,6 +162,7 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment) -> 
           label=values.label,
           task=values.task,
           csv_columns=tuple(c.strip() for c in values.csv_columns) if values.csv_columns else None,
+          csv_multiline=values.csv_multiline,
           infer_sample_rows=values.infer_sample_rows,
       ),
       model=config_lib.ModelConfig(name=values.model, hidden_units=hidden_units, dropout=values.dropout),

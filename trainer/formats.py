@@ -41,12 +41,14 @@ class Source:
   compression: str = ""  # "" | GZIP | ZLIB (TensorFlow's compression_type names)
   columns: tuple[str, ...] | None = None  # CSV: every column, in file order
   header: bool = False  # CSV: the first line of each file is a header row
+  multiline: bool = False  # CSV: quoted fields hold line breaks (pandas writes free text so): read by CsvDataset
 
   def describe(self) -> str:
     kind = {"tfrecord": "TFRecord", "csv": "CSV", "jsonl": "JSONL"}[self.format]
     text = f"{self.compression.lower()} {kind}" if self.compression else kind
     if self.format == "csv":
-      text += f" ({len(self.columns or ())} columns, {'a header row' if self.header else 'no header row'})"
+      text += (f" ({len(self.columns or ())} columns, {'a header row' if self.header else 'no header row'}"
+               f"{', quoted line breaks' if self.multiline else ''})")
     return text
 
 
@@ -239,9 +241,28 @@ def open_text(path: str, compression: str, *, flag: str):
 # ----- CSV columns -----------------------------------------------------------------------------------------
 
 
-def csv_source(source: Source, path: str, *, columns: tuple[str, ...] | None, flag: str) -> Source:
-  """Settles a CSV split's columns and header: `columns` (from --csv_columns or the schema), checked against the
-  first row; else the first row when it looks like a header; else `column_0`, `column_1`, ... ."""
+def csv_source(source: Source, path: str, *, columns: tuple[str, ...] | None, flag: str,
+               multiline: bool | None = None) -> Source:
+  """Settles a CSV split's columns and header (`_csv_columns`) and whether quoted fields break lines:
+  `multiline` (--csv_multiline) when given, else whether any does in the first 64 KiB of `path`."""
+  if multiline is None:
+    multiline = fields_break_lines(path, source.compression, flag=flag)
+  return dataclasses.replace(_csv_columns(source, path, columns=columns, flag=flag), multiline=multiline)
+
+
+def fields_break_lines(path: str, compression: str, *, flag: str) -> bool:
+  """Whether a quoted field in the head of `path` holds a line break: read line by line, its record would split.
+  (A head cut inside a quoted field can only cut after the break that makes it multi-line.)"""
+  reader = csv.reader(io.StringIO(_text_head(path, compression, flag=flag)), strict=False)
+  try:
+    return any("\n" in field or "\r" in field for row in reader for field in row)
+  except csv.Error:
+    return False  # not CSV that the line reader could read either: pre-flight's record check names it
+
+
+def _csv_columns(source: Source, path: str, *, columns: tuple[str, ...] | None, flag: str) -> Source:
+  """`columns` (from --csv_columns or the schema), checked against the first row; else the first row when it
+  looks like a header; else `column_0`, `column_1`, ... ."""
   rows = head_rows(path, source.compression, flag=flag, limit=20)
   if not rows:
     raise UserError(f"{flag}: {path} is empty; expected CSV rows")

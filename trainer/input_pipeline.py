@@ -80,7 +80,7 @@ def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, source: form
     if repeat:
       file_ds = file_ds.repeat()
     ds = file_ds.interleave(
-        _reader(source),
+        _reader(source, csv_layout),
         cycle_length=min(num_files, _MAX_PARALLEL_FILES),
         num_parallel_calls=tf.data.AUTOTUNE,
         # Record sharding needs the same order on every pipeline; otherwise let the fastest file win.
@@ -95,7 +95,7 @@ def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, source: form
                                if input_context is not None else 1)
       ds = ds.take(max_batches * max(1, replicas_per_pipeline))
     encoder = features_lib.FeatureEncoder(schema)  # built here: ParameterServerStrategy needs tables made inside dataset_fn
-    parse = _batch_parser(schema, source.format, encoder, csv_layout)
+    parse = _batch_parser(schema, source, encoder, csv_layout)
     if select is not None:
       parse_all = parse
       parse = lambda *batch: _select(*parse_all(*batch), select)  # pylint: disable=unnecessary-lambda-assignment
@@ -151,17 +151,25 @@ def _shuffle_parsed_batches(ds, *, batches_per_window: int, seed: int | None, de
 
 
 
-def _reader(source: formats.Source):
-  """Records of one file: serialized Examples, or text lines (CSV without its header, JSONL) parsed per batch.
+def _reader(source: formats.Source, csv_layout):
+  """Records of one file: serialized Examples, or text lines (CSV without its header, JSONL) parsed per batch,
+  or (CSV whose quoted fields break lines) CsvDataset's tuples of the schema's columns.
 
   CSV lines are decoded a batch at a time by `tf.io.decode_csv` rather than read by `CsvDataset`: 1.4x the
-  throughput here (scripts/bench_formats.py). No per-line filter (blank lines): a per-element filter cost JSONL
-  three quarters of its throughput; a blank line is a bad record instead, named by pre-flight."""
+  throughput here (scripts/bench_formats.py); only CsvDataset follows a quoted field across lines. No per-line
+  filter (blank lines): a per-element filter cost JSONL three quarters of its throughput; a blank line is a bad
+  record instead, named by pre-flight."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   compression = source.compression
   if source.format == "tfrecord":
     return lambda path: tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=_READ_BUFFER_BYTES)
+  if source.format == "csv" and source.multiline:
+    _, indices, defaults = csv_layout
+    scalar_defaults = [d if d.shape[0] == 0 else tf.reshape(d, []) for d in defaults]  # CsvDataset's form
+    return lambda path: tf.data.experimental.CsvDataset(
+        path, scalar_defaults, compression_type=compression, buffer_size=_READ_BUFFER_BYTES,
+        header=source.header, select_cols=indices)
   skip = 1 if source.format == "csv" and source.header else 0
   return lambda path: tf.data.TextLineDataset(path, compression_type=compression,
                                               buffer_size=_READ_BUFFER_BYTES).skip(skip)
@@ -200,8 +208,10 @@ def _tfrecord_spec(schema: schema_lib.Schema):
   return spec
 
 
-def _batch_parser(schema: schema_lib.Schema, data_format: str, encoder: features_lib.FeatureEncoder, csv_layout):
+def _batch_parser(schema: schema_lib.Schema, source: formats.Source, encoder: features_lib.FeatureEncoder,
+                  csv_layout):
   label = schema.label
+  data_format = source.format
   if data_format == "tfrecord":
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -224,6 +234,14 @@ def _batch_parser(schema: schema_lib.Schema, data_format: str, encoder: features
     return parse_lines
 
   names, indices, defaults = csv_layout
+  if source.multiline:
+
+    def parse_csv_columns(*fields):  # CsvDataset's batched columns, in `names` order
+      columns = dict(zip(names, fields))
+      target = columns.pop(label.name)
+      return encoder.encode(columns), encoder.encode_label(target)
+
+    return parse_csv_columns
 
   def parse_csv(lines):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top

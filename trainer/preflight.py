@@ -159,7 +159,7 @@ def _read_schema(config: config_lib.Config) -> schema_lib.Schema | None:
 def _csv_columns(source: formats.Source, path: str, schema: schema_lib.Schema | None,
                  data_cfg: config_lib.DataConfig, *, flag: str) -> formats.Source:
   columns = data_cfg.csv_columns or (schema.csv_columns if schema is not None else None)
-  source = formats.csv_source(source, path, columns=columns, flag=flag)
+  source = formats.csv_source(source, path, columns=columns, flag=flag, multiline=data_cfg.csv_multiline)
   if not source.header and columns is None and schema is not None:
     if len(source.columns) != len(schema.columns):
       raise UserError(f"{flag}: {path} has no header row and {len(source.columns)} fields per row, the schema "
@@ -315,6 +315,7 @@ def total_steps(config: config_lib.Config, inputs: Inputs) -> int:
 
 
 # TensorFlow's messages for a record that does not fit: a parse, a missing field, an image, our graph checks.
+_QUOTED_LINE_BREAK = "Quoted field has to end with quote followed by delim or end"  # tf.io.decode_csv's words
 _DATA_ERROR = re.compile(r"(Feature: .*|Field \d+ .*|Expect(?:ed)? \d+ fields.*|Could not parse .*|"
                          r"Unable to parse .*|Key: .*|StringToNumberOp could not .*|Unknown image file format.*|"
                          r"Input to reshape .*|" + re.escape(features_lib.CHECK_PREFIX) + r".*)$")
@@ -338,6 +339,10 @@ def explain_data_error(error, inputs: Inputs, *, budget_secs: float = 120.0) -> 
   found = find_bad_record(inputs, budget_secs=budget_secs)
   if found is not None:
     return UserError(found)
+  if _QUOTED_LINE_BREAK in (error.message or ""):  # the line reader split a record that Python's csv reads whole
+    return UserError("--train_data/--eval_data: a quoted CSV field holds a line break beyond the first 64 KiB of "
+                     "the first file, where pre-flight looks for one, so the files were read line by line: pass "
+                     "--csv_multiline to read them with CsvDataset, which follows quotes across lines")
   if detail is None:
     return error
   return UserError(f"--train_data/--eval_data: a record does not fit the schema {inputs.schema_origin} or a "
