@@ -1,18 +1,27 @@
 """A Vertex AI Pipelines (Kubeflow) pipeline whose training step is a cloud_configs/ job, and its schedule.
 
     python -m scripts.pipeline compile  --config=cloud_configs/multi_worker_gpu.yaml --bucket=B --output=pipeline.yaml
-    python -m scripts.pipeline submit   --config=... --project=P --region=R --bucket=B --param=train_steps=2000
+    python -m scripts.pipeline submit   --config=... --project=P --region=R --bucket=B [--param=train_steps=2000]
     python -m scripts.pipeline schedule --config=... --project=P --region=R --bucket=B \\
         --cron='0 3 * * *' --time_zone=Europe/Paris --max_concurrent_runs=1 [--start_time=... --end_time=...]
     python -m scripts.pipeline local    --config=... --bucket=B     # every step on this machine, emulated storage
 
-Steps: `check-data` (the training and eval patterns match objects) -> `worker-pool-specs` (the config's pools with
-the run's parameters appended to the trainer args) -> `custom-training-job` (google-cloud-pipeline-components'
-CustomTrainingJobOp: differing pools and Python packages, as the config has them) -> `read-metrics` (the
-eval_metrics.json the trainer wrote, logged as pipeline metrics) -> with --upload_model, `model-upload`
-(google-cloud-pipeline-components' ModelUploadOp: the SavedModel into Model Registry with the prebuilt TF
-prediction image matching the training TF, its predict schemata, and the pipeline run as a label). The pools
-come from the config file, never re-typed. submit and schedule take --dry_run to print the request instead of sending it.
+The run trains exactly what the config says: its pools, its trainer args and its baseOutputDirectory. Nothing is
+added by default. `--param NAME=VALUE` overrides one trainer flag (any of them: `--param=model=pkg.mod:build_fn`,
+`--param=train_data=gs://...`, `--param=train_steps=2000`) in every trainer pool, replacing the config's value where
+it has one; `--param=base_output_dir=gs://...` replaces the output directory. On Vertex both are the pipeline's
+run-time parameters `trainer_flags` (a JSON object) and `base_output_dir`, so a run in the console can change them too.
+`${RUN_ID}` in the config's outputs becomes each pipeline run's own job name, so scheduled runs never share (and
+never silently resume) one another's output directory.
+
+Steps: `training-spec` (the config's pools and output directory with this run's overrides and run name) ->
+`check-data` (the training and eval patterns the trainer will read match objects) -> `custom-training-job`
+(google-cloud-pipeline-components' CustomTrainingJobOp: differing pools and Python packages, as the config has them)
+-> `read-metrics` (the eval_metrics.json the trainer wrote, logged as pipeline metrics) -> with --upload_model,
+`model-upload` (google-cloud-pipeline-components' ModelUploadOp: the SavedModel into Model Registry with the
+prebuilt TF prediction image matching the training TF, its predict schemata, and the pipeline run as a label).
+submit and schedule take --dry_run to print the request instead of sending it; `local` runs the same steps with the
+same parameters (kfp's local runner, training through scripts.local_vertex).
 """
 
 # No `from __future__ import annotations`: kfp reads component signatures at runtime.
@@ -21,9 +30,10 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import sys
 import tempfile
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -35,22 +45,97 @@ from scripts import submit as submit_lib
 from scripts import vertex_config
 
 PIPELINE_NAME = "vertex-tf-trainer"
-# Run parameters and their defaults; anything else passed with --param is an error.
-PARAMETERS: dict[str, Any] = {"train_data": "", "eval_data": "", "base_output_dir": "", "train_steps": 1000,
-                              "learning_rate": 0.001, "global_batch_size": 256}
+# The one run parameter that is not a trainer flag; every other --param NAME is a trainer flag.
+BASE_OUTPUT_DIR = "base_output_dir"
+# What ${RUN_ID} stays as in the compiled pipeline: the training-spec step puts each run's job name there.
+RUN_ID_MARK = "${RUN_ID}"
 
 
 class PipelineError(ValueError):
   """A one-line reason nothing was compiled or sent."""
 
 
+@dsl.component(base_image="python:3.10")
+def training_spec(job_spec: str, run_name: str, trainer_flags: dict, base_output_dir: str, boolean_flags: list
+                  ) -> NamedTuple("TrainingSpec", worker_pool_specs=list, base_output_dir=str, train_data=str,
+                                  eval_data=str):
+  """The config's worker pools and output directory for this run.
+
+  Each trainer flag in `trainer_flags` replaces the config's value for it (in any of absl's spellings: --name=v,
+  --name v, --name, --noname) in every trainer pool, or is added where the config has none; nothing else changes.
+  ${RUN_ID} becomes `run_name`. Also returns the --train_data / --eval_data the chief will read ('' when the
+  config leaves them to Vertex's AIP_* variables), for the data check.
+  """
+  import json as json_lib  # pylint: disable=import-outside-toplevel
+  from collections import namedtuple  # pylint: disable=import-outside-toplevel
+
+  spec = json_lib.loads(job_spec.replace("${RUN_ID}", run_name))
+  if base_output_dir:
+    spec["baseOutputDirectory"] = {"outputUriPrefix": base_output_dir.replace("${RUN_ID}", run_name)}
+  booleans = set(boolean_flags)
+
+  def text(value) -> str:
+    if isinstance(value, bool):
+      return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():  # kfp carries numbers as floats
+      return str(int(value))
+    return str(value)
+
+  def flag_name(arg: str):
+    if not arg.startswith("-") or arg in ("-", "--"):
+      return None, False
+    name = arg.lstrip("-").split("=", 1)[0]
+    if name not in trainer_flags and name.startswith("no") and name[2:] in booleans:
+      return name[2:], True
+    return name, False
+
+  def merged(args: list) -> list:
+    out, placed, i = [], set(), 0
+    while i < len(args):
+      name, negated = flag_name(args[i])
+      if name in trainer_flags:
+        takes_next = ("=" not in args[i] and not negated and name not in booleans and i + 1 < len(args))
+        i += 2 if takes_next else 1
+        if name not in placed:  # the override stands where the config had the flag
+          out.append(f"--{name}={text(trainer_flags[name])}")
+          placed.add(name)
+        continue
+      out.append(args[i])
+      i += 1
+    return out + [f"--{n}={text(v)}" for n, v in trainer_flags.items() if n not in placed]
+
+  def value_of(args: list, wanted: str) -> str:
+    found = ""
+    for i, arg in enumerate(args):
+      name, _ = flag_name(arg)
+      if name == wanted:
+        found = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+    return found
+
+  chief_args = None
+  for pool in spec["workerPoolSpecs"]:
+    container = (pool or {}).get("containerSpec") or {}
+    # The trainer's args live in its pythonPackageSpec or containerSpec (not a Reduction Server's container).
+    trainer = (pool or {}).get("pythonPackageSpec") or (
+        container if container and "/reductionserver:" not in container.get("imageUri", "") else None)
+    if trainer is not None:
+      trainer["args"] = merged(list(trainer.get("args", [])))
+      chief_args = trainer["args"] if chief_args is None else chief_args
+  output = namedtuple("TrainingSpec", ["worker_pool_specs", "base_output_dir", "train_data", "eval_data"])
+  return output(spec["workerPoolSpecs"], spec.get("baseOutputDirectory", {}).get("outputUriPrefix", ""),
+                value_of(chief_args or [], "train_data"), value_of(chief_args or [], "eval_data"))
+
+
 @dsl.component(base_image="python:3.10", packages_to_install=["google-cloud-storage>=2"])
 def check_data(train_data: str, eval_data: str) -> int:
-  """Fails the run early unless both patterns match objects; returns how many training files there are."""
+  """Fails the run early unless each pattern the trainer will read matches objects; returns how many training
+  files there are (0 when the config leaves the data to Vertex's AIP_* variables: nothing to check here)."""
   import fnmatch  # pylint: disable=import-outside-toplevel
   import glob  # pylint: disable=import-outside-toplevel
 
   def matches(pattern: str) -> list:
+    if pattern.startswith("/gcs/"):  # Vertex's Cloud Storage mount; a pipeline step reads the bucket directly
+      pattern = "gs://" + pattern[len("/gcs/"):]
     if not pattern.startswith("gs://"):
       return sorted(glob.glob(pattern))
     from google.cloud import storage  # pylint: disable=import-outside-toplevel
@@ -60,32 +145,16 @@ def check_data(train_data: str, eval_data: str) -> int:
     return [n for n in names if fnmatch.fnmatchcase(n, name_pattern)]
 
   counts = {}
-  for label, pattern in (("train_data", train_data), ("eval_data", eval_data)):
+  for flag, pattern in (("--train_data", train_data), ("--eval_data", eval_data)):
+    if not pattern:
+      print(f"check-data: {flag} not in the trainer args (Vertex's AIP_* variables or no evaluation): not checked")
+      continue
     found = matches(pattern)
     if not found:
-      raise ValueError(f"{label}: no objects match {pattern!r}")
-    counts[label] = len(found)
+      raise ValueError(f"{flag}: no objects match {pattern!r}")
+    counts[flag] = len(found)
   print(f"check-data: {counts}")
-  return counts["train_data"]
-
-
-@dsl.component(base_image="python:3.10")
-def worker_pool_specs(base_specs: str, train_data: str, eval_data: str, train_steps: int, learning_rate: float,
-                      global_batch_size: int) -> list:
-  """The config's worker pools with this run's parameters appended to every trainer's args (last flag wins)."""
-  import json as json_lib  # pylint: disable=import-outside-toplevel
-
-  specs = json_lib.loads(base_specs)
-  extra = [f"--train_data={train_data}", f"--eval_data={eval_data}", f"--train_steps={train_steps}",
-           f"--learning_rate={learning_rate}", f"--global_batch_size={global_batch_size}"]
-  for pool in specs:
-    container = (pool or {}).get("containerSpec") or {}
-    # The trainer's args live in its pythonPackageSpec or containerSpec (not a Reduction Server's container).
-    package = (pool or {}).get("pythonPackageSpec") or (
-        container if container and "/reductionserver:" not in container.get("imageUri", "") else None)
-    if package:
-      package["args"] = list(package.get("args", [])) + extra
-  return specs
+  return counts.get("--train_data", 0)
 
 
 @dsl.component(base_image="python:3.10")
@@ -121,28 +190,54 @@ def read_metrics(base_output_dir: str, metrics: dsl.Output[dsl.Metrics]) -> floa
 
 
 def load_config(path: str, values: dict[str, str]) -> vertex_config.JobConfig:
-  config = vertex_config.load(path, values)
+  config = vertex_config.load(path, {**values, "RUN_ID": RUN_ID_MARK})  # ${RUN_ID}: each run's own, at run time
   if config.kind != "custom_job":
     raise PipelineError(f"{path}: the pipeline's training step takes a custom-job config, not {config.kind}")
   return config
 
 
-def build_pipeline(config: vertex_config.JobConfig, *, serving_image: str | None = None):
-  """The pipeline function for one config: its pools, scheduling and output layout are baked in; with a
-  `serving_image`, a model-upload step registers the model after training."""
+def boolean_flags() -> list[str]:
+  """The trainer's boolean flags (absl spells them --name, --noname or --name=true|false)."""
+  return sorted(name for name, flag in _trainer_flag_values().items() if flag.boolean)
+
+
+def _trainer_flag_values():
+  from absl import flags as absl_flags  # pylint: disable=g-import-not-at-top
+
+  from trainer import flags as trainer_flags  # pylint: disable=g-import-not-at-top
+
+  values = absl_flags.FlagValues()
+  trainer_flags.define_flags(values)
+  return values._flags()  # pylint: disable=protected-access  (absl's one way to list a FlagValues' flags)
+
+
+def job_spec_json(config: vertex_config.JobConfig, *, bucket: str) -> str:
+  """What the training-spec step starts from: the config's pools and output directory (with ${RUN_ID} kept for
+  the step to fill); a config without baseOutputDirectory writes to gs://BUCKET/pipeline-runs/<run>."""
+  base = config.body.get("baseOutputDirectory") or {"outputUriPrefix": f"gs://{bucket}/pipeline-runs/{RUN_ID_MARK}"}
+  return json.dumps({"workerPoolSpecs": config.body["workerPoolSpecs"], "baseOutputDirectory": base})
+
+
+def build_pipeline(config: vertex_config.JobConfig, *, bucket: str, params: dict[str, Any] | None = None,
+                   serving_image: str | None = None):
+  """The pipeline function for one config: its pools, args, scheduling and output layout are baked in and run as
+  written unless a run's `trainer_flags` / `base_output_dir` say otherwise (`params`, from --param, are their
+  defaults); with a `serving_image`, a model-upload step registers the model after training."""
   from google_cloud_pipeline_components.v1.custom_job import CustomTrainingJobOp  # pylint: disable=g-import-not-at-top
   from google_cloud_pipeline_components.v1.model import ModelUploadOp  # pylint: disable=g-import-not-at-top
 
-  pools_json = json.dumps(config.body["workerPoolSpecs"])
+  spec_json = job_spec_json(config, bucket=bucket)
+  booleans = boolean_flags()
   scheduling = config.body.get("scheduling", {})
+  default_flags = dict((params or {}).get("trainer_flags", {}))
+  default_output_dir = (params or {}).get(BASE_OUTPUT_DIR, "")
 
   @dsl.pipeline(name=PIPELINE_NAME, description=f"Trains with {os.path.basename(config.path)}")
-  def training_pipeline(project: str, location: str, train_data: str, eval_data: str, base_output_dir: str,
-                        train_steps: int = 1000, learning_rate: float = 0.001, global_batch_size: int = 256):
-    checked = check_data(train_data=train_data, eval_data=eval_data)
-    specs = worker_pool_specs(base_specs=pools_json, train_data=train_data, eval_data=eval_data,
-                              train_steps=train_steps, learning_rate=learning_rate,
-                              global_batch_size=global_batch_size).after(checked)
+  def training_pipeline(project: str, location: str, trainer_flags: dict = default_flags,
+                        base_output_dir: str = default_output_dir):
+    spec = training_spec(job_spec=spec_json, run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, trainer_flags=trainer_flags,
+                         base_output_dir=base_output_dir, boolean_flags=booleans)
+    checked = check_data(train_data=spec.outputs["train_data"], eval_data=spec.outputs["eval_data"])
     optional = {}
     if scheduling.get("timeout"):
       optional["timeout"] = scheduling["timeout"]
@@ -150,11 +245,13 @@ def build_pipeline(config: vertex_config.JobConfig, *, serving_image: str | None
       optional["restart_job_on_worker_restart"] = True
     if scheduling.get("strategy"):
       optional["strategy"] = scheduling["strategy"]
+    output_dir = spec.outputs["base_output_dir"]
     trained = CustomTrainingJobOp(project=project, location=location, display_name="vertex-tf-trainer-train",
-                                  worker_pool_specs=specs.output, base_output_directory=base_output_dir, **optional)
-    metrics = read_metrics(base_output_dir=base_output_dir).after(trained)
+                                  worker_pool_specs=spec.outputs["worker_pool_specs"],
+                                  base_output_directory=output_dir, **optional).after(checked)
+    metrics = read_metrics(base_output_dir=output_dir).after(trained)
     if serving_image:
-      model = model_artifact(base_output_dir=base_output_dir, serving_image=serving_image).after(metrics)
+      model = model_artifact(base_output_dir=output_dir, serving_image=serving_image).after(metrics)
       ModelUploadOp(project=project, location=location, display_name="vertex-tf-trainer-model",
                     unmanaged_container_model=model.outputs["model"],
                     labels={"vertex-tf-trainer-run": dsl.PIPELINE_JOB_ID_PLACEHOLDER})
@@ -162,28 +259,58 @@ def build_pipeline(config: vertex_config.JobConfig, *, serving_image: str | None
   return training_pipeline
 
 
-def compile_pipeline(config: vertex_config.JobConfig, output: str, *, serving_image: str | None = None) -> str:
+def compile_pipeline(config: vertex_config.JobConfig, output: str, *, bucket: str, params: dict[str, Any] | None = None,
+                     serving_image: str | None = None) -> str:
   from kfp import compiler  # pylint: disable=g-import-not-at-top
 
-  compiler.Compiler().compile(build_pipeline(config, serving_image=serving_image), output)
+  compiler.Compiler().compile(build_pipeline(config, bucket=bucket, params=params, serving_image=serving_image),
+                              output)
   return output
 
 
-def parse_params(pairs: list[str], *, bucket: str, run_id: str) -> dict[str, Any]:
-  params = dict(PARAMETERS)
-  params.update(train_data=f"gs://{bucket}/data/train/*.tfrecord", eval_data=f"gs://{bucket}/data/eval/*.tfrecord",
-                base_output_dir=f"gs://{bucket}/pipeline-runs/{run_id}")
+def parse_params(pairs: list[str]) -> dict[str, Any]:
+  """--param NAME=VALUE pairs -> the run's parameter values: {"trainer_flags": {flag: value}} plus
+  base_output_dir when given. NAME is base_output_dir or any trainer flag; values are checked with the config."""
+  known = _trainer_flag_values()
+  trainer_flags: dict[str, str] = {}
+  params: dict[str, Any] = {}
   for pair in pairs:
-    key, sep, value = pair.partition("=")
-    if not sep or key not in PARAMETERS:
-      raise PipelineError(f"--param {pair!r}: unknown parameter; expected NAME=VALUE with NAME one of "
-                          f"{', '.join(PARAMETERS)}")
-    kind = type(PARAMETERS[key])
-    try:
-      params[key] = kind(value)
-    except ValueError:
-      raise PipelineError(f"--param {key}={value!r}: expected a {kind.__name__}") from None
-  return params
+    name, sep, value = pair.partition("=")
+    name = name.strip().lstrip("-")
+    if not sep or not name:
+      raise PipelineError(f"--param {pair!r}: expected NAME=VALUE, NAME a trainer flag (e.g. train_steps=2000, "
+                          f"model=pkg.module:build_fn) or {BASE_OUTPUT_DIR}")
+    if name == BASE_OUTPUT_DIR:
+      if not value.startswith(("gs://", "/")):
+        raise PipelineError(f"--param {BASE_OUTPUT_DIR}={value!r}: expected a gs:// URI (${{RUN_ID}} in it becomes "
+                            "each run's job name)")
+      params[BASE_OUTPUT_DIR] = value
+    elif name in known:
+      trainer_flags[name] = value
+    else:
+      raise PipelineError(f"--param {name}={value!r}: {name!r} is not a trainer flag (python -m trainer.task "
+                          f"--helpfull lists them) nor {BASE_OUTPUT_DIR}")
+  return {"trainer_flags": trainer_flags, **params}
+
+
+def resolve_run(config: vertex_config.JobConfig, params: dict[str, Any], *, bucket: str, run_name: str):
+  """What one run of the pipeline trains: the training-spec step's own function, run here."""
+  return training_spec.python_func(job_spec=job_spec_json(config, bucket=bucket), run_name=run_name,
+                                   trainer_flags=params["trainer_flags"],
+                                   base_output_dir=params.get(BASE_OUTPUT_DIR, ""), boolean_flags=boolean_flags())
+
+
+def check_run(config: vertex_config.JobConfig, params: dict[str, Any], *, bucket: str, scheduled: bool) -> None:
+  """Before anything is compiled or sent: the run's trainer args pass the trainer's own checks, and scheduled runs
+  do not share one output directory (a later run would find the earlier run's final checkpoint and not train)."""
+  run = resolve_run(config, params, bucket=bucket, run_name="check")
+  submit_lib.check_trainer_args({"workerPoolSpecs": run.worker_pool_specs}, "custom_job")
+  base = params.get(BASE_OUTPUT_DIR) or json.loads(job_spec_json(config, bucket=bucket))[
+      "baseOutputDirectory"].get("outputUriPrefix", "")
+  if scheduled and RUN_ID_MARK not in base:
+    raise PipelineError(f"every scheduled run would write to {base}, and a later run would find the earlier run's "
+                        f"final checkpoint and not train; put ${{RUN_ID}} in {config.path}'s "
+                        f"baseOutputDirectory.outputUriPrefix or pass --param={BASE_OUTPUT_DIR}=gs://.../${{RUN_ID}}")
 
 
 def check_schedule(cron: str, time_zone: str, start_time: str | None, end_time: str | None,
@@ -248,20 +375,22 @@ def _whole_numbers(value):
 
 def run_local(config: vertex_config.JobConfig, params: dict[str, Any], *, bucket: str, run_id: str,
               extra: list[str]) -> dict:
-  """Every step on this machine: kfp's local runner for the Python steps, local_vertex.py for training."""
+  """Every step on this machine with the run's parameters, as submit sends them: kfp's local runner for the Python
+  steps, local_vertex.py for training (`run_id` stands in for the pipeline job's name)."""
   from kfp import local  # pylint: disable=g-import-not-at-top
 
   from scripts import local_vertex  # pylint: disable=g-import-not-at-top
 
   local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=tempfile.mkdtemp(prefix="kfp-local-"))
-  checked = check_data(train_data=params["train_data"], eval_data=params["eval_data"])
-  specs = worker_pool_specs(base_specs=json.dumps(config.body["workerPoolSpecs"]), train_data=params["train_data"],
-                            eval_data=params["eval_data"], train_steps=params["train_steps"],
-                            learning_rate=params["learning_rate"], global_batch_size=params["global_batch_size"])
+  spec = training_spec(job_spec=job_spec_json(config, bucket=bucket), run_name=run_id,
+                       trainer_flags=params["trainer_flags"], base_output_dir=params.get(BASE_OUTPUT_DIR, ""),
+                       boolean_flags=boolean_flags())
+  output_dir = spec.outputs["base_output_dir"]
+  checked = check_data(train_data=spec.outputs["train_data"], eval_data=spec.outputs["eval_data"])
   # The training step: the same pools, run replica by replica as Vertex would run them.
   with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=os.path.dirname(config.path)) as f:
-    body = {**config.body, "workerPoolSpecs": _whole_numbers(specs.output),
-            "baseOutputDirectory": {"outputUriPrefix": params["base_output_dir"]}}
+    body = {**config.body, "workerPoolSpecs": _whole_numbers(spec.outputs["worker_pool_specs"]),
+            "baseOutputDirectory": {"outputUriPrefix": output_dir}}
     yaml.safe_dump(body, f)
     step_config = f.name
   try:
@@ -270,8 +399,8 @@ def run_local(config: vertex_config.JobConfig, params: dict[str, Any], *, bucket
     os.remove(step_config)
   if code:
     raise PipelineError(f"training step failed (local_vertex exit code {code})")
-  metrics = read_metrics(base_output_dir=params["base_output_dir"])
-  return {"check_data": checked.output, "metric": metrics.outputs["Output"],
+  metrics = read_metrics(base_output_dir=output_dir)
+  return {"base_output_dir": output_dir, "check_data": checked.output, "metric": metrics.outputs["Output"],
           "metrics": dict(metrics.outputs["metrics"].metadata)}
 
 
@@ -282,8 +411,12 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--project", default=os.environ.get("PROJECT"))
   parser.add_argument("--region", default=os.environ.get("REGION", "us-central1"))
   parser.add_argument("--bucket", default=os.environ.get("BUCKET"))
-  parser.add_argument("--output", default="training_pipeline.yaml", help="compile: where the YAML goes")
-  parser.add_argument("--param", action="append", default=[], help=f"NAME=VALUE, NAME in {', '.join(PARAMETERS)}")
+  parser.add_argument("--output", default="training_pipeline.yaml",
+                      help="compile: where the YAML goes (the packages it runs are kept beside it, in "
+                           "<output>.packages/, to be copied to the bucket)")
+  parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                      help="override one trainer flag for this run (repeatable; NAME any trainer flag, e.g. "
+                           f"train_steps, model, train_data) or {BASE_OUTPUT_DIR}; the config's args otherwise")
   parser.add_argument("--run_id", default=None)
   parser.add_argument("--cron", default=None)
   parser.add_argument("--time_zone", default="UTC")
@@ -314,16 +447,20 @@ def _main(args) -> int:
 
   if not args.bucket:
     raise PipelineError("--bucket is required (or set BUCKET): package, data and outputs live there")
+  args.bucket = vertex_config.bucket_name(args.bucket)
   run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S")
-  params = parse_params(args.param, bucket=args.bucket, run_id=run_id)
+  params = parse_params(args.param)
   if args.command == "schedule":
     if not args.cron:
       raise PipelineError("schedule needs --cron (e.g. --cron='0 3 * * *')")
     check_schedule(args.cron, args.time_zone, args.start_time, args.end_time, args.max_concurrent_runs)
   values = vertex_config.values_from(os.environ, project=args.project or "local-project", region=args.region,
-                                     bucket=args.bucket, run_id=run_id)
+                                     bucket=args.bucket)
   # Validate before anything is built, compiled or sent.
-  load_config(args.config, {**values, "PACKAGE_URI": f"gs://{args.bucket}/staging/pending.tar.gz"})
+  pending = load_config(args.config, {**values, "PACKAGE_URI": f"gs://{args.bucket}/staging/pending.tar.gz"})
+  check_run(pending, params, bucket=args.bucket, scheduled=args.command == "schedule")
+  if args.command in ("submit", "schedule") and not args.project:
+    raise PipelineError("--project is required (or set PROJECT)")
   if args.command == "local" and args.upload_model:
     raise PipelineError("--upload_model: ModelUploadOp runs only on Vertex AI Pipelines; after a local run, "
                         "register the model with python -m scripts.submit --upload_model")
@@ -334,9 +471,9 @@ def _main(args) -> int:
     print(json.dumps(result, default=str))
     return 0
   with tempfile.TemporaryDirectory(prefix="pipeline-") as scratch:
-    archive = submit_lib.build_sdist(scratch)
+    archive = submit_lib.build_sdist(tempfile.mkdtemp(dir=scratch))
     uri = submit_lib.package_uri(args.bucket, archive)
-    extras = submit_lib.stage_extra_packages(args.extra_package, args.bucket, scratch)
+    extras = submit_lib.stage_extra_packages(args.extra_package, args.bucket, tempfile.mkdtemp(dir=scratch))
     config = load_config(args.config, {**values, "PACKAGE_URI": uri})
     submit_lib.add_package_uris(config.body, [u for _, u in extras])  # compiled into the training step
     output = args.output if args.command == "compile" else os.path.join(scratch, "pipeline.yaml")
@@ -344,13 +481,20 @@ def _main(args) -> int:
     if args.upload_model:
       serving_image = args.serving_image or registry.serving_image(
           submit_lib.training_tf_of(config.body["workerPoolSpecs"][0]), args.region)
-    compile_pipeline(config, output, serving_image=serving_image)
+    compile_pipeline(config, output, bucket=args.bucket, params=params, serving_image=serving_image)
     if args.command == "compile":
-      staging = "; ".join(f"{local} to {remote}" for local, remote in [(archive, uri), *extras])
-      print(f"compiled {output} (training pools from {args.config}; stage {staging} before running)")
+      # The packages it names are kept beside it (the run needs them in the bucket); submit and schedule upload them.
+      packages = args.output + ".packages"
+      os.makedirs(packages, exist_ok=True)
+      kept = []
+      for local_path, remote in [(archive, uri), *extras]:
+        kept.append((shutil.copy(local_path, os.path.join(packages, os.path.basename(local_path))), remote))
+      copies = "; ".join(f"gcloud storage cp {local_path} {remote}" for local_path, remote in kept)
+      overrides = " ".join(f"--{k}={v}" for k, v in params["trainer_flags"].items())
+      print(f"compiled {output} (training pools and args from {args.config}"
+            f"{'; run parameters default to ' + overrides if overrides else ''}); before running it, copy its "
+            f"packages to the bucket: {copies}")
       return 0
-    if not args.project:
-      raise PipelineError("--project is required (or set PROJECT)")
     parameter_values = {"project": args.project, "location": args.region, **params}
     display_name = f"{PIPELINE_NAME}-{run_id}"
     request = {"displayName": display_name, "pipelineRoot": f"gs://{args.bucket}/pipeline-root",

@@ -18,26 +18,44 @@ from scripts import vertex_config
 CONFIG = "cloud_configs/multi_worker_gpu.yaml"
 
 
+def _compiled_spec(tasks) -> dict:
+  return json.loads(tasks["training-spec"]["inputs"]["parameters"]["job_spec"]["runtimeValue"]["constant"])
+
+
 def test_compiled_training_step_has_the_config_pools(tmp_path, capsys):
   output = tmp_path / "pipeline.yaml"
   assert pipeline.main(["compile", f"--config={CONFIG}", "--bucket=bkt", "--run_id=r1", f"--output={output}"]) == 0
   compiled = yaml.safe_load(output.read_text())
   tasks = compiled["root"]["dag"]["tasks"]
-  assert set(tasks) == {"check-data", "worker-pool-specs", "custom-training-job", "read-metrics"}
+  assert set(tasks) == {"training-spec", "check-data", "custom-training-job", "read-metrics"}
   train = tasks["custom-training-job"]
-  assert train["inputs"]["parameters"]["worker_pool_specs"]["taskOutputParameter"]["producerTask"] == \
-      "worker-pool-specs"
-  assert "check-data" in tasks["worker-pool-specs"]["dependentTasks"]
+  for name in ("worker_pool_specs", "base_output_directory"):
+    assert train["inputs"]["parameters"][name]["taskOutputParameter"]["producerTask"] == "training-spec"
+  assert "check-data" in train["dependentTasks"]
   assert "custom-training-job" in tasks["read-metrics"]["dependentTasks"]
-  base_specs = json.loads(tasks["worker-pool-specs"]["inputs"]["parameters"]["base_specs"]["runtimeValue"]["constant"])
-  package = re.search(r"stage .* to (gs://\S+) before running", capsys.readouterr().out).group(1)
-  expected = vertex_config.load(os.path.join(procs.REPO, CONFIG), {"BUCKET": "bkt", "RUN_ID": "r1",
-                                                                      "PACKAGE_URI": package}).body["workerPoolSpecs"]
-  assert base_specs == expected  # one source of truth: the cloud config's pools, package and module
-  assert [p["replicaCount"] for p in base_specs] == [1, 2]
-  assert set(compiled["root"]["inputDefinitions"]["parameters"]) == {
-      "project", "location", "train_data", "eval_data", "base_output_dir", "train_steps", "learning_rate",
-      "global_batch_size"}
+  spec = _compiled_spec(tasks)
+  printed = capsys.readouterr().out
+  local_copy, package = re.search(r"gcloud storage cp (\S+) (gs://\S+)", printed).groups()
+  assert os.path.exists(local_copy) and local_copy.startswith(f"{output}.packages/")  # compile says only what is true
+  expected = vertex_config.load(os.path.join(procs.REPO, CONFIG), {"BUCKET": "bkt", "RUN_ID": "${RUN_ID}",
+                                                                      "PACKAGE_URI": package}).body
+  assert spec["workerPoolSpecs"] == expected["workerPoolSpecs"]  # one source of truth: the cloud config
+  assert spec["baseOutputDirectory"] == {"outputUriPrefix": "gs://bkt/runs/${RUN_ID}"}  # filled per run
+  assert tasks["training-spec"]["inputs"]["parameters"]["run_name"]["runtimeValue"]["constant"] == \
+      "{{$.pipeline_job_name}}"
+  assert [p["replicaCount"] for p in spec["workerPoolSpecs"]] == [1, 2]
+  parameters = compiled["root"]["inputDefinitions"]["parameters"]
+  assert set(parameters) == {"project", "location", "trainer_flags", "base_output_dir"}
+  assert parameters["trainer_flags"]["defaultValue"] == {} and parameters["base_output_dir"]["defaultValue"] == ""
+
+
+def test_compile_params_become_the_run_defaults(tmp_path, capsys):
+  output = tmp_path / "pipeline.yaml"
+  assert pipeline.main(["compile", f"--config={CONFIG}", "--bucket=bkt", f"--output={output}",
+                        "--param=train_steps=600", "--param=model=pkg.mod:build"]) == 0
+  parameters = yaml.safe_load(output.read_text())["root"]["inputDefinitions"]["parameters"]
+  assert parameters["trainer_flags"]["defaultValue"] == {"train_steps": "600", "model": "pkg.mod:build"}
+  assert "run parameters default to --train_steps=600 --model=pkg.mod:build" in capsys.readouterr().out
 
 
 def test_a_model_upload_step_registers_the_trained_model(tmp_path, capsys):
@@ -55,33 +73,51 @@ def test_a_model_upload_step_registers_the_trained_model(tmp_path, capsys):
   executor = compiled["deploymentSpec"]["executors"]["exec-model-upload"]["container"]
   assert "google_cloud_pipeline_components" in " ".join(executor["command"] + executor.get("args", []))
   # A container config's pools take the run's parameters like package pools.
-  specs = pipeline.worker_pool_specs.python_func(
-      base_specs=json.dumps([{"containerSpec": {"imageUri": "i", "args": ["--a=1"]}}]), train_data="t",
-      eval_data="e", train_steps=5, learning_rate=0.1, global_batch_size=8)
-  assert specs[0]["containerSpec"]["args"][:2] == ["--a=1", "--train_data=t"]
+  run = _spec([{"containerSpec": {"imageUri": "i", "args": ["--a=1"]}}], {"train_data": "t"})
+  assert run.worker_pool_specs[0]["containerSpec"]["args"] == ["--a=1", "--train_data=t"]
 
 
 def test_compiled_training_step_installs_the_users_package(tmp_path, capsys):
   project = user_package.write(str(tmp_path / "churn-models"))
   output = tmp_path / "pipeline.yaml"
   assert pipeline.main(["compile", f"--config={CONFIG}", "--bucket=bkt", "--run_id=r1", f"--output={output}",
-                        f"--extra_package={project}"]) == 0
-  tasks = yaml.safe_load(output.read_text())["root"]["dag"]["tasks"]
-  base_specs = json.loads(tasks["worker-pool-specs"]["inputs"]["parameters"]["base_specs"]["runtimeValue"]["constant"])
+                        f"--extra_package={project}", f"--param={user_package.MODEL_FLAG[2:]}"]) == 0
+  compiled = yaml.safe_load(output.read_text())
+  tasks = compiled["root"]["dag"]["tasks"]
   printed = capsys.readouterr().out
-  for pool in base_specs:
+  for pool in _compiled_spec(tasks)["workerPoolSpecs"]:
     trainer_uri, wheel_uri = pool["pythonPackageSpec"]["packageUris"]
     assert trainer_uri.endswith(".tar.gz") and wheel_uri.endswith("/churn_models-0.1.0-py3-none-any.whl")
-    assert f"to {wheel_uri}" in printed  # the compile step says where to stage it
+    assert re.search(rf"gcloud storage cp \S+/churn_models-0.1.0-py3-none-any.whl {wheel_uri}", printed)
+  assert compiled["root"]["inputDefinitions"]["parameters"]["trainer_flags"]["defaultValue"] == {
+      "model": "churn_models:build"}  # the package is installed and used
 
 
-def test_worker_pool_specs_step_appends_run_parameters():
-  specs = pipeline.worker_pool_specs.python_func(
-      base_specs=json.dumps([{"pythonPackageSpec": {"args": ["--train_steps=1"]}}, {}]), train_data="gs://b/t*",
-      eval_data="gs://b/e*", train_steps=7, learning_rate=0.5, global_batch_size=64)
-  assert specs[0]["pythonPackageSpec"]["args"] == ["--train_steps=1", "--train_data=gs://b/t*", "--eval_data=gs://b/e*",
-                                                   "--train_steps=7", "--learning_rate=0.5", "--global_batch_size=64"]
-  assert specs[1] == {}
+def _spec(pools, trainer_flags, *, base_output_dir="", run_name="run-7"):
+  return pipeline.training_spec.python_func(
+      job_spec=json.dumps({"workerPoolSpecs": pools, "baseOutputDirectory": {"outputUriPrefix": "gs://b/r/${RUN_ID}"}}),
+      run_name=run_name, trainer_flags=trainer_flags, base_output_dir=base_output_dir,
+      boolean_flags=pipeline.boolean_flags())
+
+
+def test_training_spec_runs_the_config_as_written_unless_overridden():
+  config_args = ["--train_data=gs://b/t*", "--train_steps", "600", "--global_batch_size=32", "--nojit_compile",
+                 "--output_dir=gs://b/out/${RUN_ID}", "--label=churned"]
+  pools = [{"pythonPackageSpec": {"args": config_args}}, {"pythonPackageSpec": {"args": list(config_args)}},
+           {"containerSpec": {"imageUri": "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"}}]
+  unchanged = _spec(pools, {})
+  assert unchanged.worker_pool_specs[0]["pythonPackageSpec"]["args"] == [
+      a.replace("${RUN_ID}", "run-7") for a in config_args]  # nothing added by default
+  assert unchanged.base_output_dir == "gs://b/r/run-7" and unchanged.train_data == "gs://b/t*"
+  assert unchanged.eval_data == ""  # none in the args: the data check leaves it alone
+  run = _spec(pools, {"train_steps": 50, "jit_compile": "true", "model": "pkg.m:build", "eval_data": "gs://b/e*"},
+              base_output_dir="gs://b/elsewhere/${RUN_ID}")
+  for pool in run.worker_pool_specs[:2]:
+    assert pool["pythonPackageSpec"]["args"] == [
+        "--train_data=gs://b/t*", "--train_steps=50", "--global_batch_size=32", "--jit_compile=true",
+        "--output_dir=gs://b/out/run-7", "--label=churned", "--model=pkg.m:build", "--eval_data=gs://b/e*"]
+  assert run.worker_pool_specs[2] == pools[2]  # the Reduction Server's container is not the trainer
+  assert run.base_output_dir == "gs://b/elsewhere/run-7" and run.eval_data == "gs://b/e*"
 
 
 def test_submit_and_schedule_are_captured(gcs, capsys):
@@ -95,8 +131,8 @@ def test_submit_and_schedule_are_captured(gcs, capsys):
     (job,) = fake.created("pipelineJobs")
     (schedule,) = fake.created("schedules")
   params = job["runtimeConfig"]["parameterValues"]
-  assert params["train_steps"] == 321 and params["learning_rate"] == 0.01 and params["project"] == "proj"
-  assert params["train_data"] == "gs://test-bucket/data/train/*.tfrecord"
+  assert params == {"project": "proj", "location": "europe-west4",
+                    "trainer_flags": {"train_steps": "321", "learning_rate": "0.01"}}
   assert job["runtimeConfig"]["gcsOutputDirectory"] == "gs://test-bucket/pipeline-root"
   assert job["pipelineSpec"]["pipelineInfo"]["name"] == "vertex-tf-trainer"
   assert schedule["cron"] == "TZ=Europe/Paris 30 2 * * 1-5"
@@ -104,7 +140,8 @@ def test_submit_and_schedule_are_captured(gcs, capsys):
   assert schedule["startTime"].startswith("2027-01-01T00:00:00") and schedule["endTime"].startswith("2027-06-01")
   assert int(schedule["maxRunCount"]) == 50
   scheduled = schedule["createPipelineJobRequest"]["pipelineJob"]
-  assert scheduled["runtimeConfig"]["parameterValues"]["train_steps"] == 321
+  assert scheduled["runtimeConfig"]["parameterValues"]["trainer_flags"] == {"train_steps": "321",
+                                                                            "learning_rate": "0.01"}
 
 
 @pytest.mark.parametrize("args,message", [
@@ -113,27 +150,35 @@ def test_submit_and_schedule_are_captured(gcs, capsys):
     (["schedule", "--cron=0 3 * * *", "--time_zone=Mars/Olympus"], r"--time_zone='Mars/Olympus' is not an IANA"),
     (["schedule", "--cron=0 3 * * *", "--start_time=2027-02-01T00:00:00Z", "--end_time=2027-01-01T00:00:00Z"],
      r"--end_time=2027-01-01T00:00:00Z is not after --start_time"),
-    (["submit", "--param=epochs=3"], r"--param 'epochs=3': unknown parameter; expected NAME=VALUE with NAME one of "
-                                     r"train_data, eval_data, base_output_dir, train_steps"),
-    (["submit", "--param=train_steps=many"], r"--param train_steps='many': expected a int"),
+    (["submit", "--param=epoch=3"], r"^error: --param epoch='3': 'epoch' is not a trainer flag \(python -m "
+                                    r"trainer.task --helpfull lists them\) nor base_output_dir$"),
+    (["submit", "--param=train_steps"], r"^error: --param 'train_steps': expected NAME=VALUE"),
+    (["submit", "--param=train_steps=many"], r"^error: workerpool0: trainer args rejected: .*train_steps.*many"),
+    (["submit", "--param=base_output_dir=runs/x"], r"--param base_output_dir='runs/x': expected a gs:// URI"),
+    (["schedule", "--cron=0 3 * * *", "--param=base_output_dir=gs://b/fixed"],
+     r"^error: every scheduled run would write to gs://b/fixed, and a later run would find the earlier run's final "
+     r"checkpoint and not train; put \$\{RUN_ID\} in "),
+    (["submit"], r"^error: --project is required"),
     (["compile", "--config=cloud_configs/hp_tuning.yaml"], r"takes a custom-job config, not hp_tuning"),
 ])
 def test_bad_input_compiles_and_sends_nothing(tmp_path, capsys, args, message):
   output = tmp_path / "p.yaml"
   argv = args + ([] if any(a.startswith("--config") for a in args) else [f"--config={CONFIG}"])
   with fake_vertex.running() as fake:
-    code = pipeline.main(argv + ["--project=p", "--bucket=b", f"--output={output}", f"--api_endpoint={fake.endpoint}"])
+    project = [] if argv == ["submit", f"--config={CONFIG}"] else ["--project=p"]
+    code = pipeline.main(argv + project + ["--bucket=bkt", f"--output={output}", f"--api_endpoint={fake.endpoint}"])
     assert not fake.requests
   assert code == 2
-  assert re.search(message, capsys.readouterr().err)
-  assert not output.exists()
+  err = capsys.readouterr().err
+  assert re.search(message, err, re.M) and len(err.strip().splitlines()) == 1, err
+  assert not output.exists() and not os.path.exists(f"{output}.packages")
 
 
 def test_invalid_cloud_config_compiles_nothing(tmp_path, capsys):
   bad = tmp_path / "bad.yaml"
   bad.write_text(open(os.path.join(procs.REPO, CONFIG)).read().replace("replicaCount: 2", "replicaCont: 2"))
   output = tmp_path / "p.yaml"
-  assert pipeline.main(["compile", f"--config={bad}", "--bucket=b", f"--output={output}"]) == 2
+  assert pipeline.main(["compile", f"--config={bad}", "--bucket=bkt", f"--output={output}"]) == 2
   assert 'has no field named "replicaCont"' in capsys.readouterr().err
   assert not output.exists()
 
@@ -149,7 +194,41 @@ def test_local_pipeline_run_on_the_emulator(gcs, churn_data, capsys):
   assert code == 0, out[-3000:]
   result = json.loads(out.strip().splitlines()[-1])
   assert result["check_data"] == 4  # four training shards found
+  assert result["base_output_dir"] == "gs://test-bucket/runs/local1"  # the config's, ${RUN_ID} the run's name
   assert result["metric"] > 0.8 and result["metrics"]["eval_accuracy"] == result["metric"]
+
+
+def test_local_pipeline_runs_the_configs_args_and_the_users_model(gcs, churn_data, tmp_path, capsys):
+  """The config's own args (none of them the old pipeline defaults) are what trains; a --param adds the user's
+  --model from their --extra_package, and the run ends at exactly the config's step and batch."""
+  for split in ("train", "eval"):
+    stage_data.upload_tree(f"{churn_data}/{split}", f"gs://test-bucket/own/{split}")
+  config = tmp_path / "own_args.yaml"
+  config.write_text(open(os.path.join(procs.REPO, "cloud_configs", "single_cpu.yaml")).read()
+                    .replace("gs://${BUCKET}/data/", "gs://${BUCKET}/own/")
+                    .replace("--train_steps=1000", "--train_steps=70")
+                    .replace("--global_batch_size=256", "--global_batch_size=48\n        - --learning_rate=0.003"))
+  project = user_package.write(str(tmp_path / "churn-models"))
+  job_dir = tmp_path / "job"
+  code = pipeline.main(["local", f"--config={config}", "--bucket=test-bucket", "--run_id=own1",
+                        f"--extra_package={project}", f"--param={user_package.MODEL_FLAG[2:]}",
+                        f"--local_arg=--job_dir={job_dir}", "--local_arg=--quiet"])
+  out = capsys.readouterr().out
+  log = open(job_dir / "workerpool0-0.log").read()
+  assert code == 0, out[-2000:] + log[-3000:]
+  assert "churn_models: built from" in log  # the user's build_fn, from the installed package
+  result = json.loads(out.strip().splitlines()[-1])
+  assert result["base_output_dir"] == "gs://test-bucket/runs/own1"
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  model_dir = "gs://test-bucket/runs/own1/model"
+  with tf.io.gfile.GFile(f"{model_dir}/eval_metrics.json") as f:
+    assert json.load(f)["final_step"] == 70
+  with tf.io.gfile.GFile(f"{model_dir}/trainer_config.json") as f:
+    train = json.load(f)["config"]["train"]
+  assert train["global_batch_size"] == 48 and train["learning_rate"] == 0.003
+  assert json.load(tf.io.gfile.GFile(f"{model_dir}/trainer_config.json"))["config"]["model"]["name"] == \
+      "churn_models:build"
 
 
 def test_local_pipeline_check_data_fails_on_missing_data(gcs, capsys):
