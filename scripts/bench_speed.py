@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 
+from trainer import export
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = [("float32", []), ("mixed_float16", ["--precision=mixed_float16"]),
             ("mixed_bfloat16", ["--precision=mixed_bfloat16"]), ("float32+xla", ["--jit_compile"]),
@@ -47,7 +49,7 @@ def _rate(args: list[str], out: str, steps: int) -> float:
   result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800, check=False)
   if result.returncode:
     raise SystemExit(f"error: {' '.join(args)} failed:\n{result.stderr[-2000:]}")
-  with open(os.path.join(out, "model", "eval_metrics.json")) as f:
+  with open(os.path.join(out, "model", export.METRICS_FILE)) as f:
     return json.load(f)["examples_per_sec"]
 
 

@@ -18,19 +18,20 @@ import sys
 import numpy as np
 
 from scripts import predict
+from trainer import export
+from trainer import feature_kinds
+from trainer import input_pipeline
 from trainer import schema as schema_lib
 
 
 def predict_eval(model_dir: str, eval_pattern: str, *, batch_size: int = 1024) -> dict:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  with tf.io.gfile.GFile(f"{model_dir.rstrip('/')}/trainer_config.json") as f:
-    schema = json.load(f)["schema"]
+  with tf.io.gfile.GFile(f"{model_dir.rstrip('/')}/{export.RUN_RECORD_FILE}") as f:
+    schema = schema_lib.parse_schema(json.load(f)["schema"], source=model_dir)
   serving = predict.SessionModel(model_dir)
-  label = schema["label"]
-  kinds = {kind: tf.as_dtype(name) for kind, name in schema_lib.PARSE_DTYPES.items()}
-  spec = {f["name"]: tf.io.FixedLenFeature([], kinds[f["type"]]) for f in schema["features"]}
-  spec[label["name"]] = tf.io.FixedLenFeature([], kinds[label["type"]])
+  label = schema.label
+  spec = input_pipeline.tfrecord_parse_spec(schema)
   files = sorted(tf.io.gfile.glob(eval_pattern))
   if not files:
     raise SystemExit(f"error: --eval_data: no files match {eval_pattern!r}")
@@ -39,16 +40,15 @@ def predict_eval(model_dir: str, eval_pattern: str, *, batch_size: int = 1024) -
   first = None
   for batch in dataset:
     inputs = {}
-    for feature in schema["features"]:
-      value = batch[feature["name"]]
-      if feature["type"] == "image":
-        value = tf.cast(tf.reshape(tf.io.decode_raw(value, tf.uint8), [-1] + feature["shape"]), tf.float32)
-      elif feature["type"] in ("float", "int"):
-        value = tf.cast(value, tf.float32)
-      inputs[feature["name"]] = value.numpy()
+    for feature in schema.features:  # what a request carries: the raw string/bytes, else the kind's numbers
+      kind = feature_kinds.of(feature)
+      value = batch[feature.name]
+      if kind.serving_input(feature).dtype != "string":
+        value = kind.encode(feature, value)
+      inputs[feature.name] = value.numpy()
     outputs = serving.run(inputs)
     predicted = outputs["class_id"]
-    truth = batch[label["name"]].numpy()
+    truth = batch[label.name].numpy()
     hits += int(np.sum(predicted == truth))
     count += len(truth)
     if first is None:

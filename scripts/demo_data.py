@@ -20,6 +20,9 @@ import json
 
 import numpy as np
 
+from trainer import examples
+from trainer import schema as schema_lib
+
 PLANS = ("basic", "plus", "pro")
 REGIONS = ("north", "south", "east", "west")
 
@@ -76,27 +79,6 @@ def shapes(num_examples: int, seed: int) -> tuple[dict[str, np.ndarray], dict]:
 DATASETS = {"churn": churn, "shapes": shapes}
 
 
-def example_bytes(columns: dict[str, np.ndarray], i: int, schema: dict) -> bytes:
-  """Row `i` of `columns` as a serialized tf.train.Example typed by `schema` (a schema JSON object)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  feature = {}
-  types = {f["name"]: f["type"] for f in schema["features"]}
-  types[schema["label"]["name"]] = schema["label"]["type"]
-  for name, kind in types.items():
-    value = columns[name][i]
-    if kind == "float":
-      feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(value)]))
-    elif kind == "int":
-      feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(value)]))
-    elif kind == "image":
-      feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.tobytes()]))
-    else:
-      raw = value if isinstance(value, bytes) else str(value).encode()
-      feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[raw]))
-  return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
-
-
 def write_split(directory: str, columns: dict[str, np.ndarray], schema: dict, *, num_shards: int,
                 formats: tuple[str, ...]) -> list[str]:
   """Writes one split as `num_shards` files per format plus schema.json; returns the paths written."""
@@ -105,6 +87,7 @@ def write_split(directory: str, columns: dict[str, np.ndarray], schema: dict, *,
   tf.io.gfile.makedirs(directory)
   total = len(next(iter(columns.values())))
   names = [f["name"] for f in schema["features"]] + [schema["label"]["name"]]
+  typed = schema_lib.parse_schema(schema, source="demo data")
   written = []
   for shard in range(num_shards):
     rows = range(shard, total, num_shards)
@@ -112,7 +95,7 @@ def write_split(directory: str, columns: dict[str, np.ndarray], schema: dict, *,
     if "tfrecord" in formats:
       with tf.io.TFRecordWriter(stem + ".tfrecord") as writer:
         for i in rows:
-          writer.write(example_bytes(columns, i, schema))
+          writer.write(examples.serialize({name: columns[name][i] for name in names}, typed))
       written.append(stem + ".tfrecord")
     if "csv" in formats:
       buffer = io.StringIO()

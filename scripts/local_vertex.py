@@ -41,6 +41,7 @@ from scripts.localrun.planning import LocalRunError, check_trainer_args, parse_p
     reserve_ports
 from scripts.localrun.report import summary, tail
 from scripts.localrun.supervise import supervise
+from trainer import export
 from trainer import paths
 
 
@@ -148,7 +149,7 @@ def run(args) -> int:
       if failed:
         print(f"\n--- last lines of {failed.name} ({failed.log_path}) ---\n{tail(failed.log_path)}", file=sys.stderr)
       raise LocalRunError(f"job {job_id} failed: {reason}")
-    metrics_uri = f"{base}/model/eval_metrics.json"
+    metrics_uri = f"{base}/model/{export.METRICS_FILE}"
     if f"{metrics_uri}" in artifacts:
       bucket, blob = paths.split_gcs_uri(metrics_uri)
       metrics = json.loads(client.bucket(bucket).blob(blob).download_as_text())

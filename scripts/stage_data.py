@@ -29,6 +29,7 @@ from typing import Iterator
 
 
 from scripts import demo_data
+from trainer import examples
 from trainer import paths
 from trainer import schema as schema_lib
 from trainer.errors import UserError
@@ -93,9 +94,7 @@ def row_example(row: dict[str, str], schema: schema_lib.Schema, *, where: str) -
   Empty cells: a string feature becomes "" (the out-of-vocabulary id in training), a numeric one the
   feature's schema `mean` (else 0), so a row is not lost for one missing value; an empty label is an error.
   """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  feature = {}
+  values = {}
   for column in schema.features + (schema.label,):
     name, kind = column.name, column.type
     if name not in row:
@@ -106,20 +105,16 @@ def row_example(row: dict[str, str], schema: schema_lib.Schema, *, where: str) -
     if kind == "image":
       raise StageError(f"{where}: image feature {name!r} cannot come from CSV; stage TFRecord files")
     if kind == "string":
-      feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[row[name].encode()]))
+      values[name] = row[name]
       continue
     if not text:
       if column is schema.label:
         raise StageError(f"{where}: the label {name!r} is empty; every row needs a label")
       text = str(getattr(column, "mean", None) or 0)
-    value = _number(text, kind)
-    if value is None:
+    values[name] = _number(text, kind)
+    if values[name] is None:
       raise StageError(f"{where}: column {name!r} holds {row[name]!r}, but the schema says {kind}")
-    if kind == "float":
-      feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[value]))
-    else:
-      feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
-  return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+  return examples.serialize(values, schema)
 
 
 def _number(text: str, kind: str) -> float | int | None:

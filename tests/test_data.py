@@ -13,6 +13,7 @@ from trainer import formats
 from trainer import input_pipeline
 from trainer import preflight
 from trainer import schema as schema_lib
+from trainer import storage
 from trainer.errors import UserError
 
 
@@ -158,7 +159,7 @@ def test_unknown_vocabulary_value_maps_to_zero(churn):
 
 def test_empty_pattern_names_the_flag(tmp_path):
   with pytest.raises(UserError, match=r"^--train_data: no files match '.*/nothing-\*'; expected a file pattern"):
-    preflight.list_files(str(tmp_path / "nothing-*"), flag="--train_data")
+    storage.list_files(str(tmp_path / "nothing-*"), flag="--train_data")
 
 
 def _write_example(path, **features):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from trainer import training
+from trainer import fit_loop
 
 
 @pytest.mark.parametrize("start,total,per_epoch,stop,calls", [
@@ -15,12 +15,12 @@ from trainer import training
     (400, 650, 200, False, [(2, 3, 200), (3, 4, 50)]),
 ])
 def test_fit_calls_end_exactly_at_the_final_step(start, total, per_epoch, stop, calls):
-  assert training.fit_calls(start, total, per_epoch, stop_at_final_step=stop) == calls
+  assert fit_loop.fit_calls(start, total, per_epoch, stop_at_final_step=stop) == calls
   if not stop:
     assert start + sum((e - i) * s for i, e, s in calls) == total
 
 
 def test_steps_per_execution_lands_on_every_checkpoint_and_the_end():
-  assert training.fit_steps_per_execution(steps_per_loop=50, checkpoint_every_steps=200, train_steps=1000) == 50
-  assert training.fit_steps_per_execution(steps_per_loop=50, checkpoint_every_steps=200, train_steps=31) == 1
-  assert training.fit_steps_per_execution(steps_per_loop=10, checkpoint_every_steps=25, train_steps=60) == 5
+  assert fit_loop.fit_steps_per_execution(steps_per_loop=50, checkpoint_every_steps=200, train_steps=1000) == 50
+  assert fit_loop.fit_steps_per_execution(steps_per_loop=50, checkpoint_every_steps=200, train_steps=31) == 1
+  assert fit_loop.fit_steps_per_execution(steps_per_loop=10, checkpoint_every_steps=25, train_steps=60) == 5

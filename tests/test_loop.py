@@ -61,12 +61,12 @@ def test_a_finished_run_does_nothing_and_a_stalled_source_ends_the_loop():
 
 
 def test_parameter_server_closures_keep_workers_busy_within_steps_per_loop():
-  from trainer import training  # pylint: disable=g-import-not-at-top
+  from trainer import ps_source  # pylint: disable=g-import-not-at-top
 
-  assert training.closure_sizes(50, steps_per_loop=50, num_workers=2) == [25, 25]
-  assert training.closure_sizes(200, steps_per_loop=50, num_workers=2) == [50, 50, 50, 50]
-  assert training.closure_sizes(7, steps_per_loop=50, num_workers=2) == [4, 3]
-  assert training.closure_sizes(3, steps_per_loop=50, num_workers=8) == [1, 1, 1]
+  assert ps_source.closure_sizes(50, steps_per_loop=50, num_workers=2) == [25, 25]
+  assert ps_source.closure_sizes(200, steps_per_loop=50, num_workers=2) == [50, 50, 50, 50]
+  assert ps_source.closure_sizes(7, steps_per_loop=50, num_workers=2) == [4, 3]
+  assert ps_source.closure_sizes(3, steps_per_loop=50, num_workers=8) == [1, 1, 1]
 
 
 def test_an_agreement_fires_what_any_process_found_due():

@@ -74,6 +74,11 @@ def test_parameter_server_strategy(churn_data, tmp_path):
     metrics = json.load(f)
   assert metrics["strategy"] == "ParameterServerStrategy" and metrics["final_step"] == 100
   assert metrics["eval_accuracy"] > 0.8 and metrics["eval_examples"] == 1000
+  import test_training  # pylint: disable=g-import-not-at-top
+
+  assert test_training.train_steps_logged(out) == [20, 40, 60, 80, 100]
+  assert test_training.train_steps_logged(out, split="eval") == [40, 80, 100]
+  assert test_training.checkpoint_steps(out) == [50, 100]
   serving.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")
 
 
@@ -118,11 +123,13 @@ def test_fit_under_multi_worker_with_legacy_keras(churn_data, tmp_path):
 
 
 def test_fit_under_parameter_servers_with_legacy_keras(churn_data, tmp_path):
+  """Keras runs no batch-level callbacks under parameter servers: the standard actions fire at epoch ends, and
+  epochs end on every step a cadence names, so logs, evaluations and checkpoints land where the flags say."""
   out = tmp_path / "out"
   chief, worker, ps = procs.addresses(3)
   cluster = {"chief": [chief], "worker": [worker], "ps": [ps]}
   args = args_for(churn_data, out, "--loop=fit", "--train_steps=100", "--checkpoint_every_steps=50",
-                  "--steps_per_loop=10")
+                  "--steps_per_loop=10", "--log_every_steps=20", "--eval_every_steps=40")
   legacy = {"TF_USE_LEGACY_KERAS": "1"}
   with procs.cluster(str(tmp_path)) as c:
     c.start("ps", args, {**legacy, "TF_CONFIG": procs.tf_config(cluster, "ps", 0)})
@@ -134,6 +141,11 @@ def test_fit_under_parameter_servers_with_legacy_keras(churn_data, tmp_path):
     metrics = json.load(f)
   assert metrics["strategy"] == "ParameterServerStrategy" and metrics["final_step"] == 100
   assert metrics["eval_accuracy"] > 0.8 and metrics["eval_examples"] == 1000
+  import test_training  # pylint: disable=g-import-not-at-top
+
+  assert test_training.train_steps_logged(out) == [20, 40, 60, 80, 100]
+  assert test_training.train_steps_logged(out, split="eval") == [40, 80, 100]
+  assert test_training.checkpoint_steps(out) == [50, 100]
   serving.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")
 
 

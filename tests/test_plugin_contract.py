@@ -118,7 +118,7 @@ def _train_and_serve(churn_data, tmp_path, name, loop, strategy):
   out = tmp_path / "out"
   job = test_training.make_job(churn_data, out, "--train_steps=120", f"--loop={loop}",
                                f"--model=tutorial_models:{name}", strategy=strategy)
-  result = (training.fit_loop if loop == "fit" else training.custom_loop)(job)
+  result = training.train(job)
   assert result.final_step == 120 and np.isfinite(result.train_loss)
   if not name.startswith("sequential"):  # those take the raw, unstandardized numbers: 40 steps learn little
     assert result.eval_metrics["accuracy"] > 0.6, result.eval_metrics  # (the others: raw numbers, 120 steps)

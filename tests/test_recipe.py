@@ -243,7 +243,7 @@ def test_a_compiled_plugin_keeps_its_loss_and_optimizer(churn_data, tmp_path, mo
     with job.strategy.scope():
       initial = test_training.weights(job.build_model())
     tf.keras.utils.set_random_seed(job.config.train.seed)  # the run builds the same initial weights
-    result = (training.fit_loop if loop == "fit" else training.custom_loop)(job)
+    result = training.train(job)
     results[name] = result
     moved = not all(np.array_equal(a, b) for a, b in zip(initial, test_training.weights(result.model)))
     assert moved == (name == "probabilities_loss"), name

@@ -292,6 +292,12 @@ def _bad_cases(churn_data, tmp_path):
        r"accuracy, auc, precision, recall$"),
       ("checkpoint_every_secs", good + ["--checkpoint_every_secs=0"], {},
        r"^error: --checkpoint_every_secs must be > 0 \(omit it to checkpoint by steps only\), got 0.0$"),
+      ("deterministic_under_parameter_servers", good + ["--deterministic_input"],
+       {"TF_CONFIG": procs.tf_config({**chief_worker, "ps": ["127.0.0.1:3"]}, "chief", 0)},
+       r"^error: --deterministic_input cannot make ParameterServerStrategy reproducible: its workers read and update "
+       r"asynchronously"),
+      ("jit_compile_fit_over_cpu_replicas", good + ["--jit_compile", "--loop=fit", "--num_cpu_devices=2"], {},
+       r"^error: --jit_compile with --loop=fit cannot compile Keras' step over 2 CPU replicas .*use --loop=custom"),
       ("unknown_flag", good + ["--no_such_flag=1"], {}, r"^error: Unknown command line flag 'no_such_flag'"),
       ("bad_flag_value", good + ["--global_batch_size=many"], {},
        r"^error: flag --global_batch_size=many: invalid literal for int\(\)"),

@@ -10,40 +10,30 @@ import pytest
 import tensorflow as tf
 from absl import flags
 
-from trainer import cluster
 from trainer import config as config_lib
 from trainer import preflight
 from trainer import flags as trainer_flags
-from trainer import formats
+from trainer import job as job_lib
 from trainer import models
-from trainer import schema as schema_lib
+from trainer import plan as plan_lib
 from trainer import strategy as strategy_lib
 from trainer import training
 
 
 def make_job(churn_data, out, *args, strategy="default"):
-  """A Job as the runner builds one, for a single process and the named strategy."""
+  """A Job as the runner builds one (`job.build_job`), for a single process and the named strategy."""
   values = flags.FlagValues()
   trainer_flags.define_flags(values)
   values(["trainer", f"--train_data={churn_data}/train/*.tfrecord", f"--eval_data={churn_data}/eval/*.tfrecord",
-          f"--output_dir={out}", "--global_batch_size=128", *args])
-  config = trainer_flags.config_from_flags(values, config_lib.Environment())
-  schema = schema_lib.load_schema(config.data.schema_path)
-  choice = strategy_lib.StrategyChoice(strategy, "in-process test")
-  role = cluster.resolve_role(tf_config=None, cluster_spec=None)
-  build = models.resolve_builder(config.model.name)
+          f"--output_dir={out}", "--global_batch_size=128", f"--strategy={strategy}",
+          f"--num_cpu_devices={2 if strategy == 'mirrored' else 1}", *args])
+  env = config_lib.Environment()
+  config = trainer_flags.config_from_flags(values, env)
+  plan = plan_lib.make_plan(config, env, num_gpus=0, keras_version=models.keras_version())
   tf.keras.utils.set_random_seed(config.train.seed)
-  train_files = preflight.list_files(config.data.train_pattern, flag="--train_data")
-  return training.Job(
-      config=config, schema=schema, choice=choice, role=role, interactive=False,
-      strategy=strategy_lib.build_strategy(choice, role, strategy_lib.Devices(num_cpu_devices=2)),
-      train_files=train_files, eval_files=preflight.list_files(config.data.eval_pattern, flag="--eval_data"),
-      sources={"train": formats.TFRECORD, "eval": formats.TFRECORD}, train_steps=config.train.train_steps or _steps(config, train_files),
-      build_model=lambda: build(schema, config.model, config.hparams))
-
-
-def _steps(config, train_files):
-  return config.train.epochs * preflight.count_records(train_files, formats.TFRECORD) // config.train.global_batch_size
+  # The logical CPUs were split once for the whole test process (conftest): the strategy sees both.
+  strategy_object = strategy_lib.build_strategy(plan.choice, plan.role, strategy_lib.Devices(num_cpu_devices=2))
+  return job_lib.build_job(config, plan, preflight.check_inputs(config), strategy_object, env=env)
 
 
 def train_steps_logged(out, split="train"):
@@ -62,14 +52,14 @@ def weights(model):
 
 def test_custom_loop_cadence_and_resume(churn_data, tmp_path):
   out = tmp_path / "out"
-  first = training.custom_loop(make_job(churn_data, out, "--train_steps=30", "--log_every_steps=10",
+  first = training.train(make_job(churn_data, out, "--train_steps=30", "--log_every_steps=10",
                                         "--checkpoint_every_steps=15", "--steps_per_loop=8"))
   assert first.final_step == 30 and first.resumed_from_step == 0
   assert train_steps_logged(out) == [10, 20, 30]
   assert checkpoint_steps(out) == [15, 30]
   assert first.train_loss < 0.6  # from about 0.69 (two balanced classes) at step 0
   assert first.eval_metrics["examples"] == 1000  # 7 full batches of 128 and one of 104
-  again = training.custom_loop(make_job(churn_data, out, "--train_steps=45", "--log_every_steps=10",
+  again = training.train(make_job(churn_data, out, "--train_steps=45", "--log_every_steps=10",
                                         "--checkpoint_every_steps=15", "--steps_per_loop=8"))
   assert again.resumed_from_step == 30 and again.final_step == 45
   assert train_steps_logged(out) == [10, 20, 30, 40, 45] and checkpoint_steps(out) == [15, 30, 45]
@@ -82,7 +72,7 @@ def test_default_one_device_and_mirrored_train_the_same_weights(churn_data, tmp_
   for strategy in ("default", "one_device", "mirrored"):
     job = make_job(churn_data, tmp_path / strategy, "--train_steps=20", "--shuffle_buffer=0",
                    "--deterministic_input", strategy=strategy)
-    result = training.custom_loop(job)
+    result = training.train(job)
     results[strategy] = (job.strategy.num_replicas_in_sync, weights(result.model), result.eval_metrics)
   assert [results[s][0] for s in ("default", "one_device", "mirrored")] == [1, 1, 2]
   for strategy in ("one_device", "mirrored"):
@@ -98,7 +88,7 @@ def test_epochs_and_log_cadence_under_both_loops(churn_data, tmp_path, loop):
   # 4000 examples / 128 = 31 steps; fit used to train 31 // 200 (the checkpoint period) = 0 Keras epochs.
   job = make_job(churn_data, out, "--epochs=1", "--log_every_steps=10", f"--loop={loop}", "--steps_per_loop=50")
   assert job.train_steps == 31
-  result = (training.fit_loop if loop == "fit" else training.custom_loop)(job)
+  result = training.train(job)
   assert result.final_step == 31
   assert train_steps_logged(out) == [10, 20, 30, 31]  # --log_every_steps holds under fit too
   assert checkpoint_steps(out) == [31]
@@ -107,7 +97,7 @@ def test_epochs_and_log_cadence_under_both_loops(churn_data, tmp_path, loop):
 
 def test_eval_steps_caps_the_pass_under_mirrored(churn_data, tmp_path):
   job = make_job(churn_data, tmp_path / "out", "--train_steps=2", "--eval_steps=3", strategy="mirrored")
-  assert training.custom_loop(job).eval_metrics["examples"] == 3 * 128
+  assert training.train(job).eval_metrics["examples"] == 3 * 128
 
 
 def _nan_data(churn_data, tmp_path):
@@ -139,12 +129,72 @@ def test_a_non_finite_loss_stops_before_anything_is_saved(churn_data, tmp_path, 
                  "--steps_per_loop=5", f"--loop={loop}")
   with pytest.raises(UserError, match=r"^the training loss became nan within steps 1-5; nothing from those steps "
                                       r"is checkpointed or exported; look for NaN or inf in the data"):
-    (training.fit_loop if loop == "fit" else training.custom_loop)(job)
+    training.train(job)
   assert checkpoint_steps(out) == []
 
 
 def test_checkpoints_by_time_as_well_as_steps(churn_data, tmp_path):
   out = tmp_path / "out"
-  training.custom_loop(make_job(churn_data, out, "--train_steps=30", "--steps_per_loop=5",
+  training.train(make_job(churn_data, out, "--train_steps=30", "--steps_per_loop=5",
                                 "--checkpoint_every_steps=1000", "--checkpoint_every_secs=0.000001"))
   assert checkpoint_steps(out) == [20, 25, 30]  # one after every chunk (3 kept), not only at the end
+
+
+BUGGY_PLUGIN = '''
+import tensorflow as tf
+
+
+class PicksAColumnThatIsNotThere(tf.keras.layers.Layer):
+  """A bug that shows only in training (the plug-in check runs the model with training=False)."""
+
+  def call(self, x, training=None):
+    return tf.gather(x, [100, 0, 1], axis=1) if training else x
+
+
+def build(schema, hparams):
+  numeric = [f for f in schema.features if f.type != "string"]
+  inputs = tf.keras.Input((len(numeric),))
+  x = PicksAColumnThatIsNotThere()(inputs)
+  return tf.keras.Model(inputs, tf.keras.layers.Dense(schema.label.num_classes)(tf.keras.layers.Dense(4)(x)))
+'''
+
+
+@pytest.mark.parametrize("loop", ["custom", "fit"])
+def test_a_bug_in_the_model_is_not_called_bad_data(churn_data, tmp_path, monkeypatch, loop):
+  """Only errors out of the input pipeline are the data's: the model's own InvalidArgumentError reaches the user
+  unchanged, with its traceback, and no file is read again to look for a bad record."""
+  (tmp_path / "buggy_models.py").write_text(BUGGY_PLUGIN)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  from trainer import preflight as preflight_lib  # pylint: disable=g-import-not-at-top
+
+  looked_up = []
+  monkeypatch.setattr(preflight_lib, "find_bad_record", lambda *a, **k: looked_up.append(a))
+  job = make_job(churn_data, tmp_path / "out", "--train_steps=10", "--model=buggy_models:build", f"--loop={loop}")
+  with pytest.raises(tf.errors.InvalidArgumentError, match=r"indices\[\d+(,\d+)*\] = 100 is not in \[0, 3\)"):
+    training.train(job)
+  assert not looked_up
+
+
+def test_an_error_out_of_the_input_pipeline_is_named_and_keeps_its_cause(churn_data, tmp_path):
+  """A record that does not fit, met deep in training: one line naming file, record and column, TF's error as
+  its cause."""
+  from trainer.errors import UserError  # pylint: disable=g-import-not-at-top
+
+  data = tmp_path / "data"
+  (data / "train").mkdir(parents=True)
+  schema = json.load(open(f"{churn_data}/train/schema.json"))
+  (data / "train" / "schema.json").write_text(json.dumps(schema))
+  records = [r.numpy() for r in tf.data.TFRecordDataset(sorted(glob.glob(f"{churn_data}/train/*.tfrecord")))]
+  with tf.io.TFRecordWriter(str(data / "train" / "part-0.tfrecord")) as writer:
+    for i, record in enumerate(records[:600]):
+      example = tf.train.Example.FromString(record)
+      if i == 500:  # past pre-flight's first record: found only when training reads it
+        del example.features.feature["support_calls"]
+      writer.write(example.SerializeToString())
+  job = make_job(str(data), tmp_path / "out", "--train_steps=20", "--shuffle_buffer=0", "--eval_steps=0",
+                 f"--train_data={data}/train/*.tfrecord")
+  with pytest.raises(UserError, match=r"^--train_data: .*part-0.tfrecord record 501: feature 'support_calls' is "
+                                      r"missing") as raised:
+    training.train(job)
+  assert isinstance(raised.value.__cause__, tf.errors.InvalidArgumentError)
+  assert "IteratorGetNext" in str(raised.value.__cause__)

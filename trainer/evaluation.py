@@ -29,23 +29,32 @@ def evaluate(job, model, objective: objective_lib.Objective) -> dict[str, float]
   count. The sums are reduced across replicas (and workers) before dividing, so the metrics are exact means.
 
   Args:
-    job: the `training.Job` (its strategy, eval files and config).
+    job: the `job.Job` (its strategy, eval files and config).
     model: the Keras model, built under `job.strategy.scope()`.
     objective: the task's loss and metric sums.
 
   Returns:
     {"loss", "accuracy" or "mae", "examples"}, or {} without eval data or with --eval_steps=0.
   """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
   if not job.eval_files or job.config.train.eval_steps == 0:
     return {}
   names = models.input_names(model)
-  strategy = job.strategy
 
   def batch_sums(features, labels):
     return objective.batch_sums(labels, model(models.select_inputs(features, names), training=False))
 
+  with job.reading_data():
+    sums, batches = _eval_pass(job, objective, batch_sums)
+  metrics = objective.finalize(sums.numpy())
+  logging.info("Eval over %d batches: %s", batches, metrics)
+  return metrics
+
+
+def _eval_pass(job, objective: objective_lib.Objective, batch_sums):
+  """The summed metrics over the eval data and the number of batches (per process)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  strategy = job.strategy
   if job.choice.parameter_server:
     # Inline evaluation on the coordinator: variables are read from the parameter servers.
     eval_batch = tf.function(batch_sums)
@@ -53,22 +62,19 @@ def evaluate(job, model, objective: objective_lib.Objective) -> dict[str, float]
     for features, labels in job.dataset_fn("eval")(None):
       sums += eval_batch(features, labels)
       batches += 1
-  else:
+    return sums, batches
 
-    @tf.function
-    def eval_pass(dataset):
-      total, steps = tf.zeros([objective.num_sums]), tf.constant(0)
-      for features, labels in dataset:  # ends together on every worker (empty batches pad the short ones)
-        total += strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(batch_sums, args=(features, labels)),
-                                 axis=None)
-        steps += 1
-      return total, steps
+  @tf.function
+  def eval_pass(dataset):
+    total, steps = tf.zeros([objective.num_sums]), tf.constant(0)
+    for features, labels in dataset:  # ends together on every worker (empty batches pad the short ones)
+      total += strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(batch_sums, args=(features, labels)),
+                               axis=None)
+      steps += 1
+    return total, steps
 
-    sums, batches = eval_pass(strategy.distribute_datasets_from_function(job.dataset_fn("eval")))
-    batches = int(batches)
-  metrics = objective.finalize(sums.numpy())
-  logging.info("Eval over %d batches: %s", batches, metrics)
-  return metrics
+  sums, batches = eval_pass(strategy.distribute_datasets_from_function(job.dataset_fn("eval")))
+  return sums, int(batches)
 
 
 @dataclasses.dataclass

@@ -20,12 +20,22 @@ from __future__ import annotations
 
 import tempfile
 import uuid
+from typing import Any
 
 from trainer import features as features_lib
 from trainer import models
 from trainer import paths
+from trainer import predict_schemata
 from trainer import schema as schema_lib
 from trainer import storage
+
+# Beside the SavedModel: the metrics (written last: their presence means the export is complete), the resolved run
+# (config, schema, plan), the schema the export serves with (the format --schema reads, inferred ones included),
+# and what Model Registry shows as the request and response (OpenAPI schemata; JSON is YAML).
+METRICS_FILE = "eval_metrics.json"
+RUN_RECORD_FILE = "trainer_config.json"
+SIDE_FILES = (RUN_RECORD_FILE, schema_lib.SCHEMA_FILE, predict_schemata.INSTANCE_FILE,
+              predict_schemata.PREDICTION_FILE)
 
 
 def serving_root(model, schema: schema_lib.Schema):
@@ -129,3 +139,21 @@ def export_for_role(model, schema: schema_lib.Schema, directory: str, *, is_chie
   finally:
     storage.remove_tree(scratch)
   return None
+
+
+def publish(model, schema: schema_lib.Schema, directory: str, *, is_chief: bool, run_record: dict[str, Any],
+            metrics: dict[str, Any]) -> str | None:
+  """The run's result in `directory`: the SavedModel (`export_for_role`: every worker exports, the chief's is
+  kept), then the side files, the metrics file last, so a model dir with metrics holds a complete result.
+  Returns the directory on the chief, None elsewhere."""
+  exported = export_for_role(model, schema, directory, is_chief=is_chief, complete_marker=METRICS_FILE,
+                             extra_entries=SIDE_FILES)
+  if exported:
+    storage.write_json(paths.join_path(exported, RUN_RECORD_FILE), run_record)
+    storage.write_json(paths.join_path(exported, schema_lib.SCHEMA_FILE), schema.to_dict())
+    storage.write_json(paths.join_path(exported, predict_schemata.INSTANCE_FILE),
+                       predict_schemata.instance_schema(schema))
+    storage.write_json(paths.join_path(exported, predict_schemata.PREDICTION_FILE),
+                       predict_schemata.prediction_schema(schema))
+    storage.write_json(paths.join_path(exported, METRICS_FILE), metrics)
+  return exported

@@ -7,9 +7,10 @@ to raw features by name (`raw_serving_specs`).
 
 from __future__ import annotations
 
+from trainer import feature_kinds
 from trainer import schema as schema_lib
 
-# Prefix of the messages of the data checks run in the graph; `preflight.explain_data_error` keys on it.
+# Prefix of the messages of the data checks run in the graph; `data_errors` reads the detail after it.
 CHECK_PREFIX = "trainer-data-check:"
 
 
@@ -58,39 +59,9 @@ class FeatureEncoder:
     return tf.cast(labels, tf.float32)
 
   def encode(self, columns):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-    encoded = {}
-    for feature in self._schema.features:
-      value, key = columns[feature.name], feature.input_name
-      if feature.is_categorical:
-        encoded[key] = self._tables[feature.name].lookup(value)
-      elif feature.type == "image":
-        if value.dtype == tf.string:
-          value = _decode_images(value, feature)
-        encoded[key] = tf.cast(value, tf.float32)
-      else:
-        encoded[key] = tf.cast(value, tf.float32)
-    return encoded
-
-
-def _decode_images(data, feature: schema_lib.Feature):
-  """uint8 or float32 [batch, height, width, channels] from raw bytes or PNG/JPEG bytes (resized to the
-  schema's shape where an image differs, as Keras' image_dataset_from_directory does)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  height, width, channels = feature.shape
-  if feature.encoding in (None, "raw"):
-    return tf.reshape(tf.io.decode_raw(data, tf.uint8), (-1,) + feature.shape)
-
-  def decode(one):
-    image = tf.io.decode_image(one, channels=channels, expand_animations=False)
-    same = tf.reduce_all(tf.shape(image)[:2] == [height, width])
-    image = tf.cond(same, lambda: tf.cast(image, tf.float32),
-                    lambda: tf.image.resize(tf.cast(image, tf.float32), [height, width]))
-    return tf.ensure_shape(image, feature.shape)
-
-  return tf.map_fn(decode, data, fn_output_signature=tf.TensorSpec(feature.shape, tf.float32))
+    return {feature.input_name: feature_kinds.of(feature).encode(feature, columns[feature.name],
+                                                                  table=self._tables.get(feature.name))
+            for feature in self._schema.features}
 
 
 def raw_serving_specs(schema: schema_lib.Schema):
@@ -99,15 +70,6 @@ def raw_serving_specs(schema: schema_lib.Schema):
 
   specs = {}
   for feature in schema.features:
-    if feature.type == "string":
-      specs[feature.name] = tf.TensorSpec([None], tf.string, name=feature.input_name)
-    elif feature.type == "image" and feature.encoding in ("png", "jpeg"):
-      # PNG/JPEG bytes; in Vertex's JSON instances {"b64": "..."}, which TF Serving decodes for string inputs.
-      specs[feature.name] = tf.TensorSpec([None], tf.string, name=feature.input_name)
-    elif feature.type == "image":
-      specs[feature.name] = tf.TensorSpec((None,) + feature.shape, tf.float32, name=feature.input_name)
-    elif feature.values_per_example > 1:
-      specs[feature.name] = tf.TensorSpec([None, feature.values_per_example], tf.float32, name=feature.input_name)
-    else:
-      specs[feature.name] = tf.TensorSpec([None], tf.float32, name=feature.input_name)
+    spec = feature_kinds.of(feature).serving_input(feature)
+    specs[feature.name] = tf.TensorSpec((None,) + spec.shape, spec.dtype, name=feature.input_name)
   return specs

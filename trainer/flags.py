@@ -12,6 +12,7 @@ from typing import Any
 from absl import flags
 
 from trainer import config as config_lib
+from trainer import objective as objective_lib
 from trainer import paths
 from trainer import schema as schema_lib
 from trainer.errors import UserError
@@ -46,7 +47,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                        "least this many (and at least 2 batches) are pooled and their rows permuted; file order is "
                        "reshuffled every epoch (0: no shuffle).", **fv)
   flags.DEFINE_boolean("deterministic_input", False, "Read examples in the same order every run (seeded "
-                       "shuffle, ordered interleave): reproducible weights, slightly slower input.", **fv)
+                       "shuffle, ordered interleave): reproducible weights, slightly slower input. Not under "
+                       "parameter servers (asynchronous: refused there).", **fv)
   # Model.
   flags.DEFINE_string("model", "tabular", "Built-in model (tabular, cnn) or 'package.module:build_fn'.", **fv)
   flags.DEFINE_list("hidden_units", ["64", "32"], "Hidden layer sizes of the built-in models.", **fv)
@@ -71,8 +73,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                       "counts) or a JSON object {class: weight} (class ids, or names for a string label).", **fv)
   flags.DEFINE_integer("eval_every_steps", None, "Evaluate on --eval_data every N steps during training "
                        "(TensorBoard and the hypertune file get each).", **fv)
-  flags.DEFINE_string("early_stopping_metric", None, "Stop when this eval metric (loss, accuracy, mae, auc, "
-                      "precision, recall) has not improved for --early_stopping_patience evaluations.", **fv)
+  flags.DEFINE_string("early_stopping_metric", None, "Stop when this eval metric "
+                      f"({', '.join(objective_lib.HIGHER_IS_BETTER)}) has not improved for --early_stopping_patience "
+                      "evaluations.", **fv)
   flags.DEFINE_integer("early_stopping_patience", None, "Evaluations without improvement before stopping "
                        "(default 3 with --early_stopping_metric).", **fv)
   flags.DEFINE_enum("export", "last", config_lib.EXPORTS, "Export the weights of the last step, or of the best "
@@ -80,19 +83,23 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_enum("precision", "float32", config_lib.PRECISIONS, "Compute dtype policy: mixed_float16 (GPUs; "
                     "loss scaling), mixed_bfloat16 (TPUs, recent GPUs). Variables and the export stay float32.",
                     **fv)
-  flags.DEFINE_boolean("jit_compile", False, "Compile the training step with XLA.", **fv)
+  flags.DEFINE_boolean("jit_compile", False, "Compile the training step with XLA (custom loop: the "
+                       "forward and backward pass; fit: Keras' whole step, refused over several CPU replicas).", **fv)
   flags.DEFINE_enum("loop", "custom", config_lib.LOOPS, "custom: tf.function step with strategy.run; "
                     "fit: Keras model.fit inside strategy.scope().", **fv)
   flags.DEFINE_boolean("run_eagerly", False, "Run the training step eagerly (debugging); still distributed.", **fv)
-  flags.DEFINE_integer("seed", 42, "Random seed for weights and shuffling.", **fv)
+  flags.DEFINE_integer("seed", 42, "Random seed for weights and shuffling (under parameter servers, weights only: each worker "
+                       "shuffles with its own seed).", **fv)
   flags.DEFINE_integer("steps_per_loop", 50, "Steps run inside one tf.function call (custom loop), at most per "
                        "closure scheduled on a worker (parameter servers), or per Keras execution (fit; lowered "
-                       "so executions end on every checkpoint, log line and the final step).", **fv)
-  flags.DEFINE_integer("log_every_steps", 50, "Steps between progress lines and TensorBoard scalars (under fit "
-                       "with parameter servers Keras runs no batch callbacks: once per checkpoint period).", **fv)
+                       "so executions end on every checkpoint, log line, evaluation and the final step, and 1 under "
+                       "Keras 3 with several replicas, where Keras cannot run more per call).", **fv)
+  flags.DEFINE_integer("log_every_steps", 50, "Steps between progress lines and TensorBoard scalars.", **fv)
   flags.DEFINE_integer("checkpoint_every_steps", 200, "Steps between checkpoints.", **fv)
   flags.DEFINE_float("checkpoint_every_secs", None, "Also checkpoint when this many seconds passed since the last "
-                     "one (after the chunk of --steps_per_loop steps that passes it).", **fv)
+                     "one, at the end of the chunk that passes it: --steps_per_loop steps (custom loop), one Keras "
+                     "execution (fit), or one Keras epoch of fit under parameter servers (the greatest common "
+                     "divisor of the checkpoint, log and evaluation periods).", **fv)
   flags.DEFINE_integer("eval_steps", None, "Evaluation batches (default: one pass over --eval_data; 0 skips).", **fv)
   # Distribution.
   flags.DEFINE_enum("strategy", "auto", config_lib.STRATEGIES, "tf.distribute strategy; auto picks it from "

@@ -22,7 +22,6 @@ from typing import Any, Iterator
 from trainer.errors import UserError
 from trainer.errors import first_line
 
-FORMATS = ("auto", "tfrecord", "csv", "jsonl")
 # AIP_DATA_FORMAT values (Vertex managed datasets) -> ours; bigquery is refused with its own message.
 VERTEX_FORMATS = {"csv": "csv", "jsonl": "jsonl", "tf-record": "tfrecord", "tfrecord": "tfrecord"}
 _EXTENSIONS = {".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".tfrec": "tfrecord", ".csv": "csv",

@@ -7,14 +7,15 @@ parallelism knob is AUTOTUNE. JSONL has no TensorFlow parse op: a batch of lines
 by a vectorized RE2 extraction (`_jsonl_columns`), which keeps it inside the graph (ParameterServerStrategy
 builds datasets on the workers, where a Python parser could not run) and as fast as CSV.
 
-A missing value takes the schema's per-feature `default`; without one the read fails, and pre-flight's
-`explain_data_error` names the file, record and column.
+A missing value takes the schema's per-feature `default`; without one the read fails, and `data_errors` names
+the file, record and column.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
+from trainer import feature_kinds
 from trainer import features as features_lib
 from trainer import formats
 from trainer import schema as schema_lib
@@ -195,16 +196,17 @@ def _csv_layout(schema: schema_lib.Schema, columns: tuple[str, ...]):
   return [name for _, name in ordered], [i for i, _ in ordered], defaults
 
 
-def _tfrecord_spec(schema: schema_lib.Schema):
+def tfrecord_parse_spec(schema: schema_lib.Schema) -> dict[str, Any]:
+  """`tf.io.parse_example`'s spec for the schema's features (with their defaults) and label."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  dtypes = {kind: tf.as_dtype(name) for kind, name in schema_lib.PARSE_DTYPES.items()}
   spec = {}
   for f in schema.features:
-    shape = [f.values_per_example] if f.values_per_example > 1 else []
+    kind = feature_kinds.of(f)
+    shape = list(kind.parse_shape(f))
     default = None if f.default is None else ([f.default] * shape[0] if shape else f.default)
-    spec[f.name] = tf.io.FixedLenFeature(shape, dtypes[f.type], default_value=default)
-  spec[schema.label.name] = tf.io.FixedLenFeature([], dtypes[schema.label.type])
+    spec[f.name] = tf.io.FixedLenFeature(shape, tf.as_dtype(kind.parse_dtype(f)), default_value=default)
+  spec[schema.label.name] = tf.io.FixedLenFeature([], tf.as_dtype(schema_lib.PARSE_DTYPES[schema.label.type]))
   return spec
 
 
@@ -215,7 +217,7 @@ def _batch_parser(schema: schema_lib.Schema, source: formats.Source, encoder: fe
   if data_format == "tfrecord":
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-    spec = _tfrecord_spec(schema)
+    spec = tfrecord_parse_spec(schema)
 
     def parse_examples(serialized):
       columns = tf.io.parse_example(serialized, spec)
@@ -268,11 +270,7 @@ def _json_value_kind(schema: schema_lib.Schema, name: str) -> str:
   if name == schema.label.name:
     return "string" if schema.label.type == "string" else "number"
   feature = schema.feature(name)
-  if feature.type == "image":
-    return "image"
-  if feature.type == "string":
-    return "string"
-  return "array" if feature.values_per_example > 1 else "number"
+  return feature_kinds.of(feature).json_kind(feature)
 
 
 _ESCAPED_BACKSLASH = "\x02"  # a raw control character cannot be in a JSON string: a safe stand-in for \\

@@ -31,6 +31,7 @@ import traceback
 from typing import Any, Callable, Mapping
 
 from trainer import config as config_lib
+from trainer import feature_kinds
 from trainer import schema as schema_lib
 from trainer.errors import UserError
 from trainer.errors import first_line
@@ -156,14 +157,8 @@ def sample_batch(schema: schema_lib.Schema, size: int = 2) -> dict[str, Any]:
 
   batch = {}
   for feature in schema.features:
-    if feature.is_categorical:
-      batch[feature.input_name] = tf.zeros([size], tf.int64)
-    elif feature.type == "image":
-      batch[feature.input_name] = tf.zeros((size,) + feature.shape, tf.float32)
-    elif feature.values_per_example > 1:
-      batch[feature.input_name] = tf.zeros([size, feature.values_per_example], tf.float32)
-    else:
-      batch[feature.input_name] = tf.zeros([size], tf.float32)
+    spec = feature_kinds.of(feature).model_input(feature)
+    batch[feature.input_name] = tf.zeros((size,) + spec.shape, spec.dtype)
   return batch
 
 
@@ -350,15 +345,8 @@ def model_inputs(schema: schema_lib.Schema) -> dict[str, Any]:
 
   inputs = {}
   for feature in schema.features:
-    if feature.is_categorical:
-      inputs[feature.input_name] = tf.keras.Input(shape=(), dtype="int64", name=feature.input_name)
-    elif feature.type == "image":
-      inputs[feature.input_name] = tf.keras.Input(shape=feature.shape, dtype="float32", name=feature.input_name)
-    elif feature.values_per_example > 1:
-      inputs[feature.input_name] = tf.keras.Input(shape=(feature.values_per_example,), dtype="float32",
-                                                  name=feature.input_name)
-    else:
-      inputs[feature.input_name] = tf.keras.Input(shape=(), dtype="float32", name=feature.input_name)
+    spec = feature_kinds.of(feature).model_input(feature)
+    inputs[feature.input_name] = tf.keras.Input(shape=spec.shape, dtype=spec.dtype, name=feature.input_name)
   return inputs
 
 

@@ -12,6 +12,19 @@ from typing import Sequence
 
 from trainer import schema as schema_lib
 
+# The eval metrics, by name, and whether a higher value is better: the one vocabulary the recipe (early stopping,
+# --export=best), the flags' help and the tuning checks read.
+HIGHER_IS_BETTER = {"loss": False, "accuracy": True, "mae": False, "auc": True, "precision": True, "recall": True}
+
+
+def metric_names(schema: schema_lib.Schema) -> tuple[str, ...]:
+  """The eval metrics `Objective.finalize` reports for the schema's task."""
+  if schema.task != "classification":
+    return ("loss", "mae")
+  if schema.label.num_classes == 2:
+    return ("loss", "accuracy", "auc", "precision", "recall")
+  return ("loss", "accuracy")
+
 AUC_BUCKETS = 1000
 
 

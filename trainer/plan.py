@@ -76,6 +76,12 @@ def make_plan(config: config_lib.Config, env: config_lib.Environment, *, num_gpu
     issue = "keras-team/keras#20585" if choice.name == "multi_worker_mirrored" else "keras-team/keras#18624"
     raise UserError(f"--loop=fit does not work under {choice.class_name} with Keras {keras_version} ({issue}); "
                     "use --loop=custom, or install tf_keras and set TF_USE_LEGACY_KERAS=1")
+  if train.jit_compile and train.loop == "fit" and num_replicas > 1 and not devices.num_gpus:
+    # Keras compiles its whole step, the cross-device update included; over CPU devices XLA fails with "Trying to
+    # access resource ... located in device CPU:1 from device CPU:0" (TF 2.21, Keras 3.15).
+    raise UserError(f"--jit_compile with --loop=fit cannot compile Keras' step over {num_replicas} CPU replicas "
+                    "(XLA cannot reach the other devices' variables); use --loop=custom, which compiles the forward "
+                    "and backward pass, or drop --jit_compile")
   if choice.parameter_server and not role.cluster.get(cluster_lib.CHIEF):
     raise UserError("a cluster with parameter servers needs a chief (Vertex workerpool0) to coordinate "
                     f"training; got {', '.join(role.cluster)}")
@@ -86,6 +92,10 @@ def make_plan(config: config_lib.Config, env: config_lib.Environment, *, num_gpu
   if train.eval_every_steps and (not config.data.eval_pattern or train.eval_steps == 0):
     raise UserError(f"--eval_every_steps={train.eval_every_steps} needs evaluation: set --eval_data (or "
                     "AIP_VALIDATION_DATA_URI) and leave --eval_steps above 0")
+  if config.data.deterministic and choice.parameter_server:
+    raise UserError("--deterministic_input cannot make ParameterServerStrategy reproducible: its workers read and "
+                    "update asynchronously, in an order no seed fixes; drop the flag, or train under a synchronous "
+                    "strategy (default, mirrored, multi_worker_mirrored)")
   if train.run_eagerly and choice.parameter_server:
     raise UserError("--run_eagerly cannot run under ParameterServerStrategy (ClusterCoordinator schedules only "
                     "tf.functions); debug eagerly with --strategy=default on one process")

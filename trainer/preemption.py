@@ -7,14 +7,14 @@ job's success, while a non-zero exit makes it restart the replica, which resumes
 step lost.
 
 Under MultiWorkerMirroredStrategy the signal may reach one worker only (one Spot VM is reclaimed), yet all of
-them must save the same step together. The loop's agreement (`training._agreement`) all-reduces "SIGTERM seen"
+them must save the same step together. The loop's agreement (`actions.agreement`) all-reduces "SIGTERM seen"
 after every chunk, so every worker saves at the same step and stops; the ones that were not signalled stop too
 (`on_peer`), since the job cannot go on without the preempted one. TensorFlow's coordination service installs
 its own SIGTERM handler when the strategy starts (it swallows the signal); the watcher is entered after the
 strategy exists, so its handler is the one that runs.
 
 Under parameter servers the chief saves (the workers and parameter servers hold no state of their own to
-lose); `fit` there runs no batch-level callbacks, so it has no point to save at and ends as it always did.
+lose); `fit` there runs no batch-level callbacks, so it saves at the end of the running epoch (`fit_loop`).
 """
 
 from __future__ import annotations

@@ -3,49 +3,29 @@
 File patterns are expanded, each split's format and compression resolved (`formats`), the schema read or
 inferred (`schema_inference`), the first record of each split read in plain Python and checked against it,
 records counted for --epochs; failures are one-line `UserError`s. When training does hit a bad record later,
-`explain_data_error` reads the files again in Python to name the file, record and column.
+`find_bad_record` reads the files again in Python to name the file, record and column (for `data_errors`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
 from absl import logging
 
 from trainer import config as config_lib
-from trainer import features as features_lib
+from trainer import export
 from trainer import formats
 from trainer import paths
 from trainer import recipe
 from trainer import schema as schema_lib
 from trainer import schema_inference
+from trainer import storage
 from trainer.errors import UserError
-from trainer.errors import first_line
 
 
 # Files a pattern such as gs://b/data/* also matches that are not data: the schema beside it.
-_NOT_DATA = (schema_lib.SCHEMA_FILE, "schema.pbtxt")
 # The run record the runner writes beside the checkpoints (its schema is reused when a run restarts).
-RUN_RECORD_FILE = "trainer_config.json"
-
-
-def list_files(pattern: str, *, flag: str) -> list[str]:
-  """Expands a file pattern; a pattern that matches nothing is a UserError naming the flag and pattern."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  try:
-    files = sorted(tf.io.gfile.glob(pattern))
-  except tf.errors.NotFoundError:
-    files = []
-  except tf.errors.OpError as e:
-    raise UserError(f"{flag}: cannot list {pattern}: {e.message.splitlines()[0]}") from None
-  files = [f for f in files if not f.endswith("/") and f.rsplit("/", 1)[-1] not in _NOT_DATA]
-  if not files:
-    raise UserError(f"{flag}: no files match {pattern!r}; expected a file pattern such as "
-                    "gs://bucket/data/train-*.tfrecord")
-  return files
 
 
 def validate_schema_for_format(schema: schema_lib.Schema, source: formats.Source, *, flag: str) -> None:
@@ -97,7 +77,7 @@ def check_inputs(config: config_lib.Config) -> Inputs:
     splits["eval"] = ("--eval_data", data_cfg.eval_pattern)
   files, sources = {}, {}
   for split, (flag, pattern) in splits.items():
-    files[split] = list_files(pattern, flag=flag)
+    files[split] = storage.list_files(pattern, flag=flag)
     sources[split] = formats.resolve(files[split], requested=data_cfg.format, vertex_format=data_cfg.vertex_format,
                                      flag=flag)
   schema = _read_schema(config)
@@ -181,7 +161,7 @@ def _infer_schema(config: config_lib.Config, files: list[str],
 
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  record_path = paths.join_path(config.output.checkpoint_dir, RUN_RECORD_FILE)
+  record_path = paths.join_path(config.output.checkpoint_dir, export.RUN_RECORD_FILE)
   if tf.io.gfile.exists(record_path):
     try:
       with tf.io.gfile.GFile(record_path) as f:
@@ -312,42 +292,6 @@ def total_steps(config: config_lib.Config, inputs: Inputs) -> int:
                     f"--global_batch_size={config.train.global_batch_size}")
   logging.info("%d epoch(s) of %d examples = %d steps", config.train.epochs, examples, steps)
   return steps
-
-
-# TensorFlow's messages for a record that does not fit: a parse, a missing field, an image, our graph checks.
-_QUOTED_LINE_BREAK = "Quoted field has to end with quote followed by delim or end"  # tf.io.decode_csv's words
-_DATA_ERROR = re.compile(r"(Feature: .*|Field \d+ .*|Expect(?:ed)? \d+ fields.*|Could not parse .*|"
-                         r"Unable to parse .*|Key: .*|StringToNumberOp could not .*|Unknown image file format.*|"
-                         r"Input to reshape .*|" + re.escape(features_lib.CHECK_PREFIX) + r".*)$")
-
-
-def explain_data_error(error, inputs: Inputs, *, budget_secs: float = 120.0) -> Exception:
-  """A record that failed deep in tf.data during training, as one UserError line naming the file, record and
-  column (found by reading the files again in plain Python, within `budget_secs`); any other error is returned
-  unchanged (it is a bug, and keeps its traceback)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  if not isinstance(error, (tf.errors.DataLossError, tf.errors.InvalidArgumentError)):
-    return error
-  detail = first_line(error) if isinstance(error, tf.errors.DataLossError) else None
-  for line in (error.message or "").splitlines():
-    match = _DATA_ERROR.search(line)
-    if match and detail is None:
-      detail = match.group(1).split(" [[")[0].replace(features_lib.CHECK_PREFIX, "").strip(" ]")
-  # Any record the Python reader finds unfit explains the failure (TF's image decoders, for one, have many
-  # messages); when none is found, only a message known to be about data makes it the user's.
-  found = find_bad_record(inputs, budget_secs=budget_secs)
-  if found is not None:
-    return UserError(found)
-  if _QUOTED_LINE_BREAK in (error.message or ""):  # the line reader split a record that Python's csv reads whole
-    return UserError("--train_data/--eval_data: a quoted CSV field holds a line break beyond the first 64 KiB of "
-                     "the first file, where pre-flight looks for one, so the files were read line by line: pass "
-                     "--csv_multiline to read them with CsvDataset, which follows quotes across lines")
-  if detail is None:
-    return error
-  return UserError(f"--train_data/--eval_data: a record does not fit the schema {inputs.schema_origin} or a "
-                   f"file is corrupted ({detail}); reading the files again in Python did not find which within "
-                   f"{budget_secs:.0f} s")
 
 
 def find_bad_record(inputs: Inputs, *, budget_secs: float = 120.0) -> str | None:

@@ -25,13 +25,13 @@ import math
 from typing import Any, Iterable, Sequence
 
 from trainer import config as config_lib
+from trainer import objective as objective_lib
 from trainer import schema as schema_lib
 from trainer.errors import UserError
 
 ADAMW_DEFAULT_WEIGHT_DECAY = 0.004  # Keras' own AdamW default
 _DEFAULT_DECAY_TO = {"cosine": 0.0, "linear": 0.0, "exponential": 0.01}
 # Eval metrics and whether larger is better (for early stopping and --export=best).
-_HIGHER_IS_BETTER = {"loss": False, "mae": False, "accuracy": True, "auc": True, "precision": True, "recall": True}
 
 
 def lr_at(step: float, *, peak: float, schedule: str, warmup_steps: int, total_steps: int,
@@ -242,23 +242,14 @@ def _class_index(value: Any, names: Sequence[str], num_classes: int) -> int | No
 # ----- eval metrics -------------------------------------------------------------------------------------------
 
 
-def metric_names(schema: schema_lib.Schema) -> tuple[str, ...]:
-  """The eval metrics `objective.Objective.finalize` reports for the schema's task."""
-  if schema.task != "classification":
-    return ("loss", "mae")
-  if schema.label.num_classes == 2:
-    return ("loss", "accuracy", "auc", "precision", "recall")
-  return ("loss", "accuracy")
-
-
 def higher_is_better(metric: str) -> bool:
-  return _HIGHER_IS_BETTER[metric]
+  return objective_lib.HIGHER_IS_BETTER[metric]
 
 
 def check_for_schema(train: config_lib.TrainConfig, schema: schema_lib.Schema) -> None:
   """The metrics the recipe names, checked once the schema is known (before any training); --class_weights is
   checked where it is resolved (`class_weights`)."""
-  available = metric_names(schema)
+  available = objective_lib.metric_names(schema)
   for flag, metric in (("--early_stopping_metric", train.early_stopping_metric),
                        ("--hypertune_metric", train.hypertune_metric)):
     if metric is not None and metric not in available:

@@ -6,7 +6,7 @@ devices in `plan.make_plan` (pure, what --dry_run prints); everything that needs
 `preflight` (files, first records, the model against the schema, --epochs against the record count). So bad
 input fails in one line with nothing written. Then logical devices are configured and the strategy is built
 before any other TensorFlow op runs (collective ops and device layout are fixed at start-up). Only then does
-training touch the data for real; a bad record met there is explained by `preflight.explain_data_error`.
+training touch the data for real; a bad record met there is named where it is read (`data_errors`).
 """
 
 from __future__ import annotations
@@ -25,23 +25,19 @@ from trainer import __version__ as trainer_version
 from trainer import checkpoints
 from trainer import cluster as cluster_lib
 from trainer import config as config_lib
+from trainer import export
 from trainer import ownership
 from trainer import paths
 from trainer import peers
 from trainer import hypertune
 from trainer import models
 from trainer import plan as plan_lib
-from trainer import predict_schemata
 from trainer import preflight
-from trainer import schema as schema_lib
 from trainer import servers
 from trainer import storage
 from trainer import strategy as strategy_lib
 from trainer.errors import UserError
 
-METRICS_FILE = "eval_metrics.json"
-CONFIG_FILE = preflight.RUN_RECORD_FILE
-SCHEMA_FILE = schema_lib.SCHEMA_FILE
 
 
 def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool = False,
@@ -74,7 +70,7 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
     for flag, path in (("--model_dir", config.output.model_dir), ("--checkpoint_dir", config.output.checkpoint_dir),
                        ("--tensorboard_dir", config.output.tensorboard_dir)):
       storage.check_writable(path, flag=flag)
-  build = models.resolve_builder(config.model.name)
+  models.resolve_builder(config.model.name)  # a --model that does not import fails here, before any wait
   plan = _when_training_is_done(plan, config)
   if plan is None:
     return {}
@@ -84,7 +80,7 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
   created = [d for d in (config.output.tensorboard_dir, config.output.checkpoint_dir)
              if role.is_chief and not tf.io.gfile.exists(d)]
   with _peer_watchdog(plan, config) as watchdog, _claim_run_dir(plan, env, config):
-    return _build_and_train(config, env, plan, inputs, build, interactive, watchdog, created)
+    return _build_and_train(config, env, plan, inputs, interactive, watchdog, created)
 
 
 def _claim_run_dir(plan: plan_lib.Plan, env: config_lib.Environment, config: config_lib.Config):
@@ -103,7 +99,7 @@ def _peer_watchdog(plan: plan_lib.Plan, config: config_lib.Config):
 
 
 def _build_and_train(config: config_lib.Config, env: config_lib.Environment, plan: plan_lib.Plan,
-                     inputs: preflight.Inputs, build, interactive: bool,
+                     inputs: preflight.Inputs, interactive: bool,
                      watchdog: peers.PeerWatchdog | None, created: list[str]) -> dict[str, Any]:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -117,14 +113,10 @@ def _build_and_train(config: config_lib.Config, env: config_lib.Environment, pla
     tf.config.run_functions_eagerly(True)
     logging.info("Running eagerly (--run_eagerly): same strategy, no tf.function compilation")
 
+  from trainer import job as job_lib  # pylint: disable=g-import-not-at-top
   from trainer import training  # pylint: disable=g-import-not-at-top
 
-  job = training.Job(
-      config=config, schema=schema, strategy=strategy, choice=plan.choice, role=role,
-      train_files=inputs.train_files, eval_files=inputs.eval_files, sources=inputs.sources,
-      train_steps=preflight.total_steps(config, inputs), interactive=interactive,
-      build_model=lambda: build(schema, config.model, config.hparams), peer_watchdog=watchdog,
-      class_weights=inputs.class_weights, report_eval=_hypertune_reporter(config, env, role))
+  job = job_lib.build_job(config, plan, inputs, strategy, env=env, interactive=interactive, peer_watchdog=watchdog)
 
   if role.is_evaluator:
     from trainer import evaluation  # pylint: disable=g-import-not-at-top
@@ -136,12 +128,9 @@ def _build_and_train(config: config_lib.Config, env: config_lib.Environment, pla
   run_record = {"config": json.loads(config.to_json()), "schema": schema.to_dict(),
                 "schema_origin": inputs.schema_origin, "plan": plan.to_dict(config)}
   if role.is_chief:
-    storage.write_json(paths.join_path(config.output.checkpoint_dir, CONFIG_FILE), run_record)
+    storage.write_json(paths.join_path(config.output.checkpoint_dir, export.RUN_RECORD_FILE), run_record)
   try:
-    try:
-      result = (training.fit_loop if config.train.loop == "fit" else training.custom_loop)(job)
-    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-      raise preflight.explain_data_error(e, inputs) from None
+    result = training.train(job)  # data errors are named where the data is read (trainer/data_errors.py)
   except UserError:
     for directory in created:
       storage.remove_tree(directory)
@@ -150,11 +139,6 @@ def _build_and_train(config: config_lib.Config, env: config_lib.Environment, pla
   if watchdog is not None:
     watchdog.close()  # the export waits on storage, not on peers
 
-  from trainer import export  # pylint: disable=g-import-not-at-top
-
-  exported = export.export_for_role(result.model, schema, config.output.model_dir, is_chief=role.is_chief,
-                                    complete_marker=METRICS_FILE, extra_entries=(CONFIG_FILE, SCHEMA_FILE, predict_schemata.INSTANCE_FILE,
-                                                                predict_schemata.PREDICTION_FILE))
   metrics = {
       "final_step": result.final_step,
       "resumed_from_step": result.resumed_from_step,
@@ -166,32 +150,15 @@ def _build_and_train(config: config_lib.Config, env: config_lib.Environment, pla
       "weights_sha256": weights_digest(result.model),
       **{f"eval_{k}": v for k, v in result.eval_metrics.items()},
   }
+  exported = export.publish(result.model, schema, config.output.model_dir, is_chief=role.is_chief,
+                            run_record=run_record, metrics=metrics)
   if exported:
-    # Written last: a metrics file next to the model means the export is complete.
-    storage.write_json(paths.join_path(exported, CONFIG_FILE), run_record)
-    # The schema the export serves with, in the format --schema reads (inferred ones included).
-    storage.write_json(paths.join_path(exported, SCHEMA_FILE), schema.to_dict())
-    # What Model Registry shows as the model's request and response (JSON is YAML).
-    storage.write_json(paths.join_path(exported, predict_schemata.INSTANCE_FILE),
-                       predict_schemata.instance_schema(schema))
-    storage.write_json(paths.join_path(exported, predict_schemata.PREDICTION_FILE),
-                       predict_schemata.prediction_schema(schema))
-    storage.write_json(paths.join_path(exported, METRICS_FILE), metrics)
     logging.info("Exported SavedModel to %s", exported)
   if role.is_chief and config.train.hypertune_metric and not config.train.eval_every_steps:
     hypertune.report(metrics, metric=config.train.hypertune_metric, trial=role.trial, step=result.final_step,
                      path=env.hp_metric_file or hypertune.DEFAULT_PATH)
   logging.info("Final metrics: %s", json.dumps(metrics, sort_keys=True))
   return metrics
-
-
-def _hypertune_reporter(config: config_lib.Config, env: config_lib.Environment, role: cluster_lib.ClusterRole):
-  """With --eval_every_steps, each evaluation goes to hyperparameter tuning at its step (the chief's)."""
-  metric = config.train.hypertune_metric
-  if not metric or not config.train.eval_every_steps or not role.is_chief:
-    return None
-  path = env.hp_metric_file or hypertune.DEFAULT_PATH
-  return lambda metrics, step: hypertune.report(metrics, metric=metric, trial=role.trial, step=step, path=path)
 
 
 def _when_training_is_done(plan: plan_lib.Plan, config: config_lib.Config) -> plan_lib.Plan | None:

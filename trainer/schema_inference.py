@@ -31,11 +31,11 @@ import math
 import struct
 from typing import Any
 
+from trainer import config as config_lib
 from trainer import formats
 from trainer import schema as schema_lib
 from trainer.errors import UserError
 
-TASKS = ("auto", "classification", "regression")
 MAX_CLASSES_GUESSED = 20
 _SAMPLED_FILES = 16
 _MAX_FILES_READ = 64
@@ -386,14 +386,13 @@ def main(argv: list[str] | None = None) -> int:
   import sys  # pylint: disable=g-import-not-at-top
 
   from trainer import paths  # pylint: disable=g-import-not-at-top
-  from trainer import preflight  # pylint: disable=g-import-not-at-top
   from trainer import storage  # pylint: disable=g-import-not-at-top
 
   parser = argparse.ArgumentParser(prog="python -m trainer.schema_inference", description=__doc__.split("\n\n")[0])
   parser.add_argument("--data", required=True, help="file pattern (local, gs://, /gcs/)")
   parser.add_argument("--label", required=True, help="the label column")
-  parser.add_argument("--task", choices=TASKS, default="auto")
-  parser.add_argument("--data_format", choices=formats.FORMATS, default="auto")
+  parser.add_argument("--task", choices=config_lib.TASKS, default="auto")
+  parser.add_argument("--data_format", choices=config_lib.DATA_FORMATS, default="auto")
   parser.add_argument("--csv_columns", default=None, help="comma-separated CSV column names (files without header)")
   parser.add_argument("--output", default=None, help="where to write schema.json (default: beside the data)")
   parser.add_argument("--infer_sample_rows", type=int, default=InferenceConfig.sample_rows)
@@ -403,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
   storage.configure_gcs(os.environ)
   try:
     pattern = paths.normalize_path(args.data)
-    files = preflight.list_files(pattern, flag="--data")
+    files = storage.list_files(pattern, flag="--data")
     columns = tuple(c.strip() for c in args.csv_columns.split(",")) if args.csv_columns else None
     source = formats.source_for(files, requested=args.data_format, columns=columns, flag="--data")
     config = InferenceConfig(label=args.label, task=args.task, sample_rows=args.infer_sample_rows,
@@ -422,8 +421,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def check_inference_config(config: InferenceConfig) -> None:
-  if config.task not in TASKS:
-    raise UserError(f"--task={config.task!r}; expected one of {', '.join(TASKS)}")
+  if config.task not in config_lib.TASKS:
+    raise UserError(f"--task={config.task!r}; expected one of {', '.join(config_lib.TASKS)}")
   for flag, value in (("--infer_sample_rows", config.sample_rows), ("--vocab_min_count", config.vocab_min_count),
                       ("--max_vocab_size", config.max_vocab_size)):
     if value < 1:

@@ -13,6 +13,7 @@ import tempfile
 import uuid
 from typing import Any, MutableMapping
 
+from trainer import schema as schema_lib
 from trainer.errors import ExternalFailure
 from trainer.errors import UserError
 from trainer.errors import first_line
@@ -143,3 +144,24 @@ def remove_tree(path: str) -> None:
       tf.io.gfile.rmtree(path)
   except tf.errors.OpError:
     pass
+
+
+# Files beside the data that are not data: a schema written by hand or by TFX/TFDV.
+NOT_DATA = (schema_lib.SCHEMA_FILE, "schema.pbtxt")
+
+
+def list_files(pattern: str, *, flag: str) -> list[str]:
+  """Expands a file pattern; a pattern that matches nothing is a UserError naming the flag and pattern."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  try:
+    files = sorted(tf.io.gfile.glob(pattern))
+  except tf.errors.NotFoundError:
+    files = []
+  except tf.errors.OpError as e:
+    raise UserError(f"{flag}: cannot list {pattern}: {e.message.splitlines()[0]}") from None
+  files = [f for f in files if not f.endswith("/") and f.rsplit("/", 1)[-1] not in NOT_DATA]
+  if not files:
+    raise UserError(f"{flag}: no files match {pattern!r}; expected a file pattern such as "
+                    "gs://bucket/data/train-*.tfrecord")
+  return files

@@ -1,0 +1,100 @@
+"""Each feature kind in one place (trainer/feature_kinds.py): its Example list and parse spec, its serving input,
+what the encoder makes of it and the model input that must match, its OpenAPI schema, and the one Example writer,
+checked for every kind on one schema that holds them all."""
+
+import io
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from trainer import examples
+from trainer import feature_kinds
+from trainer import features as features_lib
+from trainer import input_pipeline
+from trainer import models
+from trainer import predict_schemata
+from trainer import schema as schema_lib
+
+SCHEMA = schema_lib.parse_schema({
+    "features": [
+        {"name": "age", "type": "float", "mean": 40.0, "std": 10.0},
+        {"name": "visits", "type": "int", "default": 0},
+        {"name": "readings", "type": "float", "shape": [3]},
+        {"name": "plan", "type": "string", "vocabulary": ["basic", "pro"]},
+        {"name": "raw pixels", "type": "image", "shape": [4, 4, 1]},
+        {"name": "photo", "type": "image", "shape": [4, 4, 3], "encoding": "png"},
+    ],
+    "label": {"name": "churned", "type": "string", "vocabulary": ["no", "yes"]}}, source="test")
+
+
+def _png(height, width):
+  buffer = io.BytesIO()
+  Image.fromarray(np.full((height, width, 3), 200, np.uint8)).save(buffer, format="PNG")
+  return buffer.getvalue()
+
+
+RECORD = {"age": 31.5, "visits": 4, "readings": np.array([1.0, 2.0, 3.0]), "plan": "pro",
+          "raw pixels": np.arange(16, dtype=np.uint8).reshape(4, 4, 1), "photo": _png(6, 6), "churned": "yes"}
+
+
+def test_every_schema_type_has_one_kind():
+  assert set(feature_kinds.KINDS) == set(schema_lib.FEATURE_TYPES)
+  for feature in SCHEMA.features:
+    assert feature_kinds.of(feature).type == feature.type
+
+
+def test_the_one_example_writer_round_trips_through_the_parse_spec():
+  parsed = tf.io.parse_example([examples.serialize(RECORD, SCHEMA)], input_pipeline.tfrecord_parse_spec(SCHEMA))
+  assert parsed["age"].numpy().tolist() == [31.5] and parsed["visits"].numpy().tolist() == [4]
+  assert parsed["readings"].numpy().tolist() == [[1.0, 2.0, 3.0]]
+  assert parsed["plan"].numpy().tolist() == [b"pro"] and parsed["churned"].numpy().tolist() == [b"yes"]
+  assert parsed["raw pixels"].numpy()[0] == RECORD["raw pixels"].tobytes()
+  assert parsed["photo"].numpy()[0] == RECORD["photo"]
+  # A missing value is an absent feature; the schema's default fills it.
+  without = tf.io.parse_example([examples.serialize({**RECORD, "visits": None}, SCHEMA)],
+                                input_pipeline.tfrecord_parse_spec(SCHEMA))
+  assert without["visits"].numpy().tolist() == [0]
+
+
+def test_what_serving_takes_encodes_to_what_the_model_takes():
+  """For every kind: a batch shaped as the serving input, through the encoder, is exactly the model input."""
+  parsed = tf.io.parse_example([examples.serialize(RECORD, SCHEMA)] * 2, input_pipeline.tfrecord_parse_spec(SCHEMA))
+  serving_specs = features_lib.raw_serving_specs(SCHEMA)
+  request = {}
+  for feature in SCHEMA.features:
+    kind = feature_kinds.of(feature)
+    value = parsed[feature.name]
+    if kind.serving_input(feature).dtype != "string":
+      value = kind.encode(feature, value)  # a request carries numbers where the signature takes numbers
+    assert serving_specs[feature.name].is_compatible_with(tf.TensorSpec.from_tensor(value)), feature.name
+    request[feature.name] = value
+  encoded = features_lib.FeatureEncoder(SCHEMA).encode(request)
+  keras_inputs = models.model_inputs(SCHEMA)
+  sample = models.sample_batch(SCHEMA, 2)
+  for feature in SCHEMA.features:
+    spec = feature_kinds.of(feature).model_input(feature)
+    got = encoded[feature.input_name]
+    assert tuple(got.shape) == (2,) + spec.shape and got.dtype.name == spec.dtype, feature.name
+    assert tuple(keras_inputs[feature.input_name].shape) == (None,) + spec.shape
+    assert tuple(sample[feature.input_name].shape) == (2,) + spec.shape
+  assert encoded["plan"].numpy().tolist() == [2, 2]  # "pro" is vocabulary entry 2 (0 is out of vocabulary)
+  assert encoded["photo"].numpy().max() == pytest.approx(200.0)  # a 6x6 PNG decoded and resized to 4x4
+
+
+def test_the_openapi_schema_of_each_kind_accepts_a_request_value():
+  from openapi_schema_validator import OAS30Validator  # pylint: disable=g-import-not-at-top
+
+  instance = {"age": 31.5, "visits": 4.0, "readings": [1.0, 2.0, 3.0], "plan": "pro",
+              "raw_pixels": np.zeros((4, 4, 1)).tolist(), "photo": {"b64": "iVBORw0KGgo="}}
+  OAS30Validator(predict_schemata.instance_schema(SCHEMA)).validate(instance)
+  with pytest.raises(Exception):
+    OAS30Validator(predict_schemata.instance_schema(SCHEMA)).validate({**instance, "readings": [1.0]})
+
+
+@pytest.mark.parametrize("name,kind", [("age", "number"), ("readings", "array"), ("plan", "string"),
+                                       ("photo", "image")])
+def test_json_kinds(name, kind):
+  feature = SCHEMA.feature(name)
+  assert feature_kinds.of(feature).json_kind(feature) == kind

@@ -1,0 +1,80 @@
+"""Errors met where the training or evaluation data is read, told apart from every other error and named.
+
+Only the places that pull batches translate (`reading(job)` around the training source, `fit` and the evaluation
+pass): an error is the data's when TensorFlow says it came out of the input pipeline (a tf.data iterator tags it
+with its `IteratorGetNext` node; a corrupt or truncated file raises `DataLossError`). Only then are the files read
+again in plain Python, within a time budget, to name the file, the record and the column. The `UserError` keeps
+TensorFlow's error as its `__cause__`, and TensorFlow's own words are logged. Anything else (a bug in a model, a
+lost peer) passes through unchanged, at once, with its traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from typing import Iterator
+
+from absl import logging
+
+from trainer import features as features_lib
+from trainer import preflight
+from trainer.errors import UserError
+from trainer.errors import first_line
+
+# TensorFlow names the node an error passed through; a tf.data iterator's are IteratorGetNext,
+# IteratorGetNextSync, MultiDeviceIteratorGetNextFromShard (eager: "[Op:IteratorGetNext]").
+_FROM_INPUT_PIPELINE = re.compile(r"IteratorGetNext")
+_QUOTED_LINE_BREAK = "Quoted field has to end with quote followed by delim or end"  # tf.io.decode_csv's words
+# The line of TensorFlow's message that says what was wrong with the record.
+_DETAIL = re.compile(r"(Feature: .*|Field \d+ .*|Expect(?:ed)? \d+ fields.*|Could not parse .*|Unable to parse .*|"
+                     r"Key: .*|StringToNumberOp could not .*|Unknown image file format.*|Input to reshape .*|"
+                     + re.escape(features_lib.CHECK_PREFIX) + r".*)$")
+BUDGET_SECS = 120.0
+
+
+def from_input_pipeline(error: BaseException) -> bool:
+  """Whether TensorFlow reports `error` as raised by reading or parsing the data."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  if isinstance(error, tf.errors.DataLossError):
+    return True
+  return isinstance(error, tf.errors.InvalidArgumentError) and bool(_FROM_INPUT_PIPELINE.search(str(error)))
+
+
+def explain(error: BaseException, inputs: preflight.Inputs, *, budget_secs: float = BUDGET_SECS) -> UserError:
+  """One line for a data error: the bad record by file, record and column when a read in Python finds it within
+  `budget_secs`, else what TensorFlow said was wrong."""
+  message = getattr(error, "message", None) or str(error)
+  found = preflight.find_bad_record(inputs, budget_secs=budget_secs)
+  if found is not None:
+    return UserError(found)
+  if _QUOTED_LINE_BREAK in message:  # the line reader split a record that Python's csv reads whole
+    return UserError("--train_data/--eval_data: a quoted CSV field holds a line break beyond the first 64 KiB of "
+                     "the first file, where pre-flight looks for one, so the files were read line by line: pass "
+                     "--csv_multiline to read them with CsvDataset, which follows quotes across lines")
+  return UserError(f"--train_data/--eval_data: a record does not fit the schema {inputs.schema_origin} or a "
+                   f"file is corrupted ({_detail(error, message)}); reading the files again in Python did not find "
+                   f"which within {budget_secs:.0f} s")
+
+
+def _detail(error: BaseException, message: str) -> str:
+  for line in message.splitlines():
+    match = _DETAIL.search(line)
+    if match:
+      return match.group(1).split(" [[")[0].replace(features_lib.CHECK_PREFIX, "").strip(" ]")
+  return first_line(error)
+
+
+@contextlib.contextmanager
+def translated(inputs: preflight.Inputs, *, budget_secs: float = BUDGET_SECS) -> Iterator[None]:
+  """Inside: an error out of the input pipeline becomes one `UserError` line (caused by the original)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  try:
+    yield
+  except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
+    if not from_input_pipeline(error):
+      raise
+    logging.warning("The input pipeline failed; TensorFlow said: %s",
+                    " | ".join(line.strip() for line in str(error).splitlines() if line.strip())[:2000])
+    raise explain(error, inputs, budget_secs=budget_secs) from error

@@ -1,0 +1,196 @@
+"""Each kind of feature's behaviour in one place: a new kind is one class here (and its tests).
+
+A kind answers, for a schema `Feature` of its type, everything the rest of the trainer asks of a column:
+- `parse_shape` and `parse_dtype`: how a `tf.train.Example` (and the other readers) hold it, per example;
+- `json_kind`: the JSON value a JSONL line holds for it ("number", "array", "string", "image");
+- `model_input`: the shape and dtype of the model input after encoding (Keras inputs, sample batches);
+- `serving_input`: the shape and dtype of the serving signature's input (the raw value a request carries);
+- `openapi`: the OpenAPI 3.0 schema object of that value in one Vertex instance;
+- `encode`: the raw parsed column -> the model input, in the graph (training and serving alike);
+- `example_list` and `example_values`: how the one `tf.train.Example` writer (`trainer.examples`) stores a value.
+
+Shapes are per example (no batch dimension); dtypes are TensorFlow dtype names, so this module imports no
+TensorFlow until `encode` runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from trainer import schema as schema_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """A shape per example (no batch dimension) and a TensorFlow dtype name."""
+
+  shape: tuple[int, ...]
+  dtype: str
+
+
+class Kind:
+  """The behaviour every kind has; subclasses fill in what differs."""
+
+  type: str = ""
+
+  def parse_shape(self, feature: schema_lib.Feature) -> tuple[int, ...]:
+    return ()
+
+  def parse_dtype(self, feature: schema_lib.Feature) -> str:
+    return schema_lib.PARSE_DTYPES[self.type]
+
+  @property
+  def example_list(self) -> str:
+    return schema_lib.EXAMPLE_LISTS[self.type]
+
+  def example_values(self, feature: schema_lib.Feature, value: Any) -> list:
+    """The values of the Example list for one example's `value`."""
+    raise NotImplementedError
+
+  def json_kind(self, feature: schema_lib.Feature) -> str:
+    raise NotImplementedError
+
+  def model_input(self, feature: schema_lib.Feature) -> Spec:
+    raise NotImplementedError
+
+  def serving_input(self, feature: schema_lib.Feature) -> Spec:
+    raise NotImplementedError
+
+  def openapi(self, feature: schema_lib.Feature) -> dict[str, Any]:
+    raise NotImplementedError
+
+  def encode(self, feature: schema_lib.Feature, value, *, table=None):
+    """The model input for a batch of parsed values (`table`: the feature's vocabulary lookup, if any)."""
+    raise NotImplementedError
+
+
+_NUMBER = {"type": "number", "format": "float"}
+
+
+class Numeric(Kind):
+  """`float` and `int`: one number per example, or N (`"shape": [N]`); standardized by the built-in models."""
+
+  def __init__(self, type_name: str):
+    self.type = type_name
+
+  def parse_shape(self, feature):
+    return (feature.values_per_example,) if feature.values_per_example > 1 else ()
+
+  def example_values(self, feature, value):
+    cast = int if self.type == "int" else float
+    return [cast(v) for v in (value if feature.values_per_example > 1 else [value])]
+
+  def json_kind(self, feature):
+    return "array" if feature.values_per_example > 1 else "number"
+
+  def model_input(self, feature):
+    return Spec(self.parse_shape(feature), "float32")
+
+  def serving_input(self, feature):
+    return Spec(self.parse_shape(feature), "float32")
+
+  def openapi(self, feature):
+    if feature.values_per_example > 1:
+      return {"type": "array", "items": dict(_NUMBER), "minItems": feature.values_per_example,
+              "maxItems": feature.values_per_example}
+    return dict(_NUMBER)
+
+  def encode(self, feature, value, *, table=None):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    return tf.cast(value, tf.float32)
+
+
+class Categorical(Kind):
+  """`string`: one of a vocabulary; encoded as an id (0 is out of vocabulary), embedded by the built-in models."""
+
+  type = "string"
+
+  def example_values(self, feature, value):
+    return [value if isinstance(value, bytes) else str(value).encode()]
+
+  def json_kind(self, feature):
+    return "string"
+
+  def model_input(self, feature):
+    return Spec((), "int64")
+
+  def serving_input(self, feature):
+    return Spec((), "string")
+
+  def openapi(self, feature):
+    value: dict[str, Any] = {"type": "string"}
+    if feature.vocabulary:
+      value["description"] = f"one of {len(feature.vocabulary)} known values; others map to the OOV bucket"
+    return value
+
+  def encode(self, feature, value, *, table=None):
+    return table.lookup(value)
+
+
+class Image(Kind):
+  """`image`: raw uint8 bytes of the schema's shape, or PNG/JPEG bytes decoded (and resized) in the graph."""
+
+  type = "image"
+
+  def example_values(self, feature, value):
+    return [value if isinstance(value, bytes) else value.tobytes()]
+
+  def json_kind(self, feature):
+    return "image"
+
+  def model_input(self, feature):
+    return Spec(tuple(feature.shape), "float32")
+
+  def serving_input(self, feature):
+    if feature.encoding in ("png", "jpeg"):
+      # PNG/JPEG bytes; in Vertex's JSON instances {"b64": "..."}, which TF Serving decodes for string inputs.
+      return Spec((), "string")
+    return Spec(tuple(feature.shape), "float32")
+
+  def openapi(self, feature):
+    if feature.encoding in ("png", "jpeg"):
+      # Binary strings travel as {"b64": ...} in Vertex's JSON instances.
+      return {"type": "object", "required": ["b64"], "properties": {"b64": {"type": "string", "format": "byte"}},
+              "description": f"{feature.encoding.upper()} bytes, base64"}
+    shaped: dict[str, Any] = dict(_NUMBER)
+    for size in reversed(feature.shape or ()):
+      shaped = {"type": "array", "items": shaped, "minItems": size, "maxItems": size}
+    return shaped
+
+  def encode(self, feature, value, *, table=None):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    if value.dtype == tf.string:
+      value = _decode_images(value, feature)
+    return tf.cast(value, tf.float32)
+
+
+def _decode_images(data, feature: schema_lib.Feature):
+  """uint8 or float32 [batch, height, width, channels] from raw bytes or PNG/JPEG bytes (resized to the
+  schema's shape where an image differs, as Keras' image_dataset_from_directory does)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  height, width, channels = feature.shape
+  if feature.encoding in (None, "raw"):
+    return tf.reshape(tf.io.decode_raw(data, tf.uint8), (-1,) + feature.shape)
+
+  def decode(one):
+    image = tf.io.decode_image(one, channels=channels, expand_animations=False)
+    same = tf.reduce_all(tf.shape(image)[:2] == [height, width])
+    image = tf.cond(same, lambda: tf.cast(image, tf.float32),
+                    lambda: tf.image.resize(tf.cast(image, tf.float32), [height, width]))
+    return tf.ensure_shape(image, feature.shape)
+
+  return tf.map_fn(decode, data, fn_output_signature=tf.TensorSpec(feature.shape, tf.float32))
+
+
+KINDS: dict[str, Kind] = {"float": Numeric("float"), "int": Numeric("int"), "string": Categorical(),
+                          "image": Image()}
+assert tuple(KINDS) == schema_lib.FEATURE_TYPES, "every schema feature type has its kind"
+
+
+def of(feature: schema_lib.Feature) -> Kind:
+  """The kind of `feature` (its schema type)."""
+  return KINDS[feature.type]
