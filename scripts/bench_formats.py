@@ -5,7 +5,7 @@ and how long schema inference takes on a 1M-row CSV.
     .venv/bin/python -m scripts.bench_formats                      # 200k examples in 8 shards, batch 1024
     .venv/bin/python -m scripts.bench_formats --rounds=4 --num_examples=50000   # quicker, noisier
 
-It measures the way scripts/bench_input.py does (its `Turns`: one process per pipeline, each timed in short
+It measures the way scripts/bench_input.py does (scripts/bench_turns.py's `Turns`: one process per pipeline, each timed in short
 slices while the others are frozen, ratios taken within a round, medians over rounds). The data is the demo
 churn dataset (3 numbers, 2 categories, an int label) written by this script as CSV with a header, gzip TFRecord
 and JSONL (json.dumps per row).
@@ -32,7 +32,7 @@ import statistics
 import tempfile
 import time
 
-from scripts import bench_input
+from scripts import bench_turns
 
 FORMATS = ("csv", "tfrecord_gz", "jsonl")
 EXTENSIONS = {"csv": "csv", "tfrecord_gz": "tfrecord.gz", "jsonl": "jsonl"}
@@ -40,11 +40,17 @@ CEILINGS = {"csv": ("ceiling_csvdataset", "ceiling_decode_csv"), "tfrecord_gz": 
             "jsonl": ("ceiling_greedy", "ceiling_lazy")}
 
 
-def build(kind: str, files: list[str], schema, batch: int):
-  """One pipeline of this benchmark (called in the pipeline's own process by bench_input.serve)."""
+BUILDER = "scripts.bench_formats:build"  # how each pipeline process builds its pipeline (scripts/bench_turns.py)
+
+
+def build(kind: str, pattern: str, schema_path: str, batch: int):
+  """One pipeline of this benchmark, "<format>.<variant>" (built in the pipeline's own process)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from trainer import formats, input_pipeline  # pylint: disable=g-import-not-at-top
+  from trainer import formats, input_pipeline, schema as schema_lib  # pylint: disable=g-import-not-at-top
+
+  schema = schema_lib.load_schema(schema_path)
+  files = sorted(tf.io.gfile.glob(pattern))
 
   fmt, variant = kind.split(".")
   source = formats.source_for(files, flag="bench")
@@ -67,9 +73,7 @@ def build(kind: str, files: list[str], schema, batch: int):
     ds = ds.batch(batch, drop_remainder=True).map(lambda lines: tf.io.decode_csv(lines, defaults),
                                                   num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
   elif fmt == "tfrecord_gz":
-    dtypes = {"float": tf.float32, "int": tf.int64, "string": tf.string}
-    spec = {f.name: tf.io.FixedLenFeature([], dtypes[f.type]) for f in schema.features}
-    spec[schema.label.name] = tf.io.FixedLenFeature([], tf.int64)
+    spec = input_pipeline.tfrecord_parse_spec(schema)
     ds = interleave(lambda f: tf.data.TFRecordDataset(f, compression_type="GZIP", buffer_size=1 << 20))
     ds = ds.batch(batch, drop_remainder=True).map(lambda s: tf.io.parse_example(s, spec),
                                                   num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
@@ -178,7 +182,7 @@ def main() -> None:
     inference_secs, sampled = time_inference(local_dir, scratch, args.inference_rows)
     schema_path = os.path.join(local_dir, "schema.json")
     with emulator_lib.running(buckets=("bench",), directory=os.path.join(scratch, "gcs")) as emulator:
-      env = {**os.environ, **emulator.env, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": bench_input.REPO}
+      env = {**os.environ, **emulator.env, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": bench_turns.REPO}
       kinds = {}
       for fmt, pattern in patterns.items():
         stage_data.upload_tree(os.path.dirname(pattern), f"gs://bench/{fmt}", client=emulator.storage_client())
@@ -187,7 +191,7 @@ def main() -> None:
         for ceiling in CEILINGS[fmt]:
           kinds[f"{fmt}.{ceiling}"] = (pattern, env)
       print(f"starting {len(kinds)} pipeline processes ...", flush=True)
-      turns = bench_input.Turns(kinds, schema_path, args.batch_size)
+      turns = bench_turns.Turns(BUILDER, kinds, schema_path, args.batch_size)
       rounds = []
       try:
         for number in range(args.rounds + 1):  # round 0 untimed
@@ -205,7 +209,7 @@ def main() -> None:
       memory = {}
       for fmt, pattern in patterns.items():
         big = ten_times(pattern)
-        memory[fmt] = [bench_input.one_pass_rss(f"{fmt}.trainer", p, schema_path, args.batch_size,
+        memory[fmt] = [bench_turns.one_pass_rss(BUILDER, f"{fmt}.trainer", p, schema_path, args.batch_size,
                                                 args.num_examples * scale, env)
                        for p, scale in ((pattern, 1), (big, 10))]
   finally:

@@ -4,8 +4,8 @@ plain tf.data pipeline we could write and a naive one, over the same shards, in 
     .venv/bin/python -m scripts.bench_input                     # 200k examples in 8 shards, batch 1024
     .venv/bin/python -m scripts.bench_input --rounds=4 --num_examples=50000   # quicker, noisier
 
-How it measures, and why. Every pipeline runs in its own process, built once and warmed up. The processes
-take turns: one runs a timed slice (--slice_secs, after a few untimed batches) while every other one is
+How it measures, and why (scripts/bench_turns.py). Every pipeline runs in its own process, built once and warmed
+up. The processes take turns: one runs a timed slice (--slice_secs, after a few untimed batches) while every other one is
 frozen with SIGSTOP, so no pipeline fills its buffers, or takes CPU, during another one's turn. A round gives
 every pipeline one slice (order reversed every other round); ratios are taken within a round and the median
 over rounds is reported with its range. On this 2-core shared machine throughput drifts by 10-30% over
@@ -19,21 +19,14 @@ read 1x and 10x the data once. Nothing here asserts: it reports.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import glob
-import json
 import os
-import resource
 import shutil
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from scripts import bench_turns
+
 
 PIPELINES = {
     "a": "trainer pipeline, gs:// via emulator",
@@ -50,7 +43,7 @@ EXTRAS = {
     "a0": "trainer pipeline, gs://, TensorFlow's default 64 MiB read blocks",
 }
 GOALS = (("(b)/(c)", "b", "c", 0.9), ("(a)/(b)", "a", "b", 0.9), ("(b)/(d)", "b", "d", 3.0))
-_UNTIMED_BATCHES = 10  # after each resume: drains what was in flight when the process was frozen
+BUILDER = "scripts.bench_input:build"  # how each pipeline process builds its pipeline (scripts/bench_turns.py)
 
 
 def build(kind: str, pattern: str, schema_path: str, batch: int):
@@ -63,13 +56,7 @@ def build(kind: str, pattern: str, schema_path: str, batch: int):
   if kind in ("a", "a0", "b"):
     return input_pipeline.make_dataset_fn(files, schema, source=formats.TFRECORD, global_batch_size=batch,
                                           training=True, seed=1)(None)
-  if "." in kind:  # scripts/bench_formats.py: "<format>.trainer" or "<format>.ceiling"
-    from scripts import bench_formats  # pylint: disable=g-import-not-at-top
-
-    return bench_formats.build(kind, files, schema, batch)
-  kinds = {kind: tf.as_dtype(name) for kind, name in schema_lib.PARSE_DTYPES.items()}
-  spec = {f.name: tf.io.FixedLenFeature([], kinds[f.type]) for f in schema.features}
-  spec[schema.label.name] = tf.io.FixedLenFeature([], tf.int64)
+  spec = input_pipeline.tfrecord_parse_spec(schema)
   if kind == "d":  # what public samples often do
     ds = tf.data.TFRecordDataset(files).repeat().map(lambda s: tf.io.parse_single_example(s, spec))
     return ds.shuffle(1000).batch(batch)
@@ -91,127 +78,7 @@ def build(kind: str, pattern: str, schema_path: str, batch: int):
   return parsed.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
-def _start_child_env() -> None:
-  """Every pipeline runs with the trainer's storage settings, applied as `python -m trainer.task` does."""
-  from trainer import storage  # pylint: disable=g-import-not-at-top
-
-  storage.configure_gcs(os.environ)
-
-
-def serve(kind: str, pattern: str, schema_path: str, batch: int) -> None:
-  """Child: builds one pipeline, then runs one timed slice per line of stdin; at EOF reports peak RSS."""
-  _start_child_env()
-  iterator = iter(build(kind, pattern, schema_path, batch))
-  for _ in range(5):  # tracing, autotune, connections
-    next(iterator)
-  print("ready", flush=True)
-  for line in sys.stdin:
-    slice_secs = float(line)
-    for _ in range(_UNTIMED_BATCHES):
-      next(iterator)
-    batches, start = 0, time.perf_counter()
-    while time.perf_counter() - start < slice_secs:
-      next(iterator)
-      batches += 1
-    elapsed = time.perf_counter() - start
-    print(json.dumps({"examples": batches * batch, "seconds": elapsed}), flush=True)
-  print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}), flush=True)
-
-
-def one_pass(kind: str, pattern: str, schema_path: str, batch: int, examples: int) -> None:
-  """Child: one pass over `examples` on a fresh process, then its peak RSS (the memory check)."""
-  _start_child_env()
-  iterator = iter(build(kind, pattern, schema_path, batch))
-  for _ in range(max(1, examples // batch)):
-    next(iterator)
-  print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}), flush=True)
-
-
-def _die_with_parent() -> None:
-  """Children get SIGKILL if the benchmark dies, so no frozen pipeline outlives it (Linux prctl)."""
-  with contextlib.suppress(OSError, AttributeError):
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-class Turns:
-  """The pipeline processes, each frozen except while it runs its own slice."""
-
-  def __init__(self, kinds: dict[str, tuple[str, dict]], schema_path: str, batch: int):
-    self._procs: dict[str, subprocess.Popen] = {}
-    try:
-      for kind, (pattern, env) in kinds.items():
-        self._procs[kind] = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "_serve", kind, pattern, schema_path, str(batch)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, preexec_fn=_die_with_parent)
-      for kind, proc in self._procs.items():  # they warm up side by side, then each is frozen
-        if proc.stdout.readline().strip() != "ready":
-          raise SystemExit(f"error: pipeline ({kind}) failed to start (exit code {proc.wait()})")
-        os.kill(proc.pid, signal.SIGSTOP)
-    except BaseException:
-      self.close()
-      raise
-
-  def run_slice(self, kind: str, slice_secs: float) -> dict:
-    proc = self._procs[kind]
-    os.kill(proc.pid, signal.SIGCONT)
-    try:
-      proc.stdin.write(f"{slice_secs}\n")
-      proc.stdin.flush()
-      line = proc.stdout.readline()
-    finally:
-      if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGSTOP)
-    if not line:
-      raise SystemExit(f"error: pipeline ({kind}) exited with code {proc.wait()} during its slice")
-    return json.loads(line)
-
-  def finish(self) -> dict[str, float]:
-    """Ends every process; returns their peak RSS in MiB."""
-    peaks = {}
-    for kind, proc in self._procs.items():
-      os.kill(proc.pid, signal.SIGCONT)
-      proc.stdin.close()
-      peaks[kind] = json.loads(proc.stdout.readline())["peak_rss_mb"]
-      proc.wait(timeout=60)
-    return peaks
-
-  def close(self) -> None:
-    for proc in self._procs.values():
-      if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-          os.kill(proc.pid, signal.SIGCONT)
-          proc.kill()
-        proc.wait()
-
-
-def _cpu_seconds(pids: list[int]) -> float:
-  """User + system CPU seconds the given processes have used so far (Linux /proc)."""
-  total = 0
-  for pid in pids:
-    with open(f"/proc/{pid}/stat") as f:
-      fields = f.read().rsplit(")", 1)[1].split()
-    total += int(fields[11]) + int(fields[12])  # utime, stime in clock ticks
-  return total / os.sysconf("SC_CLK_TCK")
-
-
-def one_pass_rss(kind: str, pattern: str, schema_path: str, batch: int, examples: int, env: dict) -> float:
-  """Peak RSS (MiB) of a fresh process that reads `examples` through pipeline `kind` once."""
-  out = subprocess.run([sys.executable, os.path.abspath(__file__), "_pass", kind, pattern, schema_path, str(batch),
-                        str(examples)], env=env, capture_output=True, text=True, timeout=900, check=False)
-  if out.returncode:
-    raise SystemExit(f"error: the memory pass failed:\n{out.stderr[-3000:]}")
-  return json.loads(out.stdout.strip().splitlines()[-1])["peak_rss_mb"]
-
-
 def main() -> None:
-  if len(sys.argv) > 1 and sys.argv[1] == "_serve":
-    kind, pattern, schema_path, batch = sys.argv[2:6]
-    serve(kind, pattern, schema_path, int(batch))
-    return
-  if len(sys.argv) > 1 and sys.argv[1] == "_pass":
-    kind, pattern, schema_path, batch, examples = sys.argv[2:7]
-    one_pass(kind, pattern, schema_path, int(batch), int(examples))
-    return
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--num_examples", type=int, default=200_000)
   parser.add_argument("--num_shards", type=int, default=8)
@@ -239,13 +106,13 @@ def main() -> None:
     schema_path = f"{local_dir}/schema.json"
     with emulator_lib.running(buckets=("bench",), directory=os.path.join(scratch, "gcs")) as emulator:
       stage_data.upload_tree(local_dir, "gs://bench/train", client=emulator.storage_client())
-      env = {**os.environ, **emulator.env, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
+      env = {**os.environ, **emulator.env, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": bench_turns.REPO}
       env.pop("GCS_READ_CACHE_BLOCK_SIZE_MB", None)  # (a) gets the trainer's setting, (a0) TF's default
       gcs_pattern, local_pattern = "gs://bench/train/*.tfrecord", f"{local_dir}/*.tfrecord"
       kinds = {"a": (gcs_pattern, env), "a0": (gcs_pattern, {**env, "GCS_READ_CACHE_BLOCK_SIZE_MB": "64"}),
                "b": (local_pattern, env), **{c: (local_pattern, env) for c in CEILINGS}, "d": (local_pattern, env)}
       print(f"starting {len(kinds)} pipeline processes ...", flush=True)
-      turns = Turns(kinds, schema_path, args.batch_size)
+      turns = bench_turns.Turns(BUILDER, kinds, schema_path, args.batch_size)
       rounds: list[dict[str, float]] = []
       emulator_cpu = emulator_secs = 0.0
       try:
@@ -254,10 +121,10 @@ def main() -> None:
           rates = {}
           for kind in order:
             if kind == "a":
-              before = _cpu_seconds(emulator.pids)
+              before = bench_turns.cpu_seconds(emulator.pids)
             got = turns.run_slice(kind, args.slice_secs)
             if kind == "a" and number:  # how much of the machine the emulator took while (a) was timed
-              emulator_cpu += _cpu_seconds(emulator.pids) - before
+              emulator_cpu += bench_turns.cpu_seconds(emulator.pids) - before
               emulator_secs += got["seconds"]
             rates[kind] = got["examples"] / got["seconds"]
           if number:
@@ -266,7 +133,7 @@ def main() -> None:
         peaks = turns.finish()
       finally:
         turns.close()
-      memory = {scale: one_pass_rss("b", f"{d}/*.tfrecord", schema_path, args.batch_size,
+      memory = {scale: bench_turns.one_pass_rss(BUILDER, "b", f"{d}/*.tfrecord", schema_path, args.batch_size,
                                      args.num_examples * (10 if scale == "10x" else 1), env)
                 for scale, d in (("1x", local_dir), ("10x", big_dir))}
   finally:

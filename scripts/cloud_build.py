@@ -13,6 +13,8 @@ import os
 import re
 import tarfile
 
+from scripts import clients
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCKERFILE = os.path.join(REPO, "Dockerfile")
 DOCKER_BUILDER = "gcr.io/cloud-builders/docker"
@@ -59,13 +61,7 @@ def build_request(*, project: str, region: str, image: str, context_uri: str) ->
 def build_client(api_endpoint: str | None):
   from google.cloud.devtools import cloudbuild_v1  # pylint: disable=g-import-not-at-top
 
-  kwargs: dict = {}
-  if api_endpoint:
-    kwargs["client_options"] = {"api_endpoint": api_endpoint}
-    if api_endpoint.startswith("http://"):
-      from google.auth.credentials import AnonymousCredentials  # pylint: disable=g-import-not-at-top
-      kwargs.update(credentials=AnonymousCredentials(), transport="rest")
-  return cloudbuild_v1.CloudBuildClient(**kwargs)
+  return cloudbuild_v1.CloudBuildClient(**clients.client_kwargs(api_endpoint))
 
 
 def run_build(client, request: dict, *, timeout_secs: float = 3600) -> str:

@@ -40,6 +40,7 @@ import yaml
 
 from kfp import dsl
 
+from scripts import clients
 from scripts import registry
 from scripts import submit as submit_lib
 from scripts import vertex_config
@@ -358,7 +359,7 @@ def _clients(region: str, api_endpoint: str | None):
   """
   from google.cloud import aiplatform_v1  # pylint: disable=g-import-not-at-top
 
-  kwargs = submit_lib.client_kwargs(region, api_endpoint)
+  kwargs = clients.vertex_kwargs(region, api_endpoint)
   return aiplatform_v1.PipelineServiceClient(**kwargs), aiplatform_v1.ScheduleServiceClient(**kwargs)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+from scripts import clients
 from trainer import predict_schemata
 
 _PREDICTION_IMAGE = re.compile(r"^(us|europe|asia)-docker\.pkg\.dev/vertex-ai/prediction/tf2-(cpu|gpu)\.2-(\d+):latest$")
@@ -75,9 +76,8 @@ def upload_request(*, parent: str, display_name: str, model_dir: str, image: str
 
 def model_client(region: str, api_endpoint: str | None):
   from google.cloud import aiplatform_v1  # pylint: disable=g-import-not-at-top
-  from scripts import submit  # pylint: disable=g-import-not-at-top
 
-  return aiplatform_v1.ModelServiceClient(**submit.client_kwargs(region, api_endpoint))
+  return aiplatform_v1.ModelServiceClient(**clients.vertex_kwargs(region, api_endpoint))
 
 
 def upload(client, request: dict, *, timeout_secs: float = 1800):

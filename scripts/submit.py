@@ -29,10 +29,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from scripts import clients
 from scripts import cloud_build
 from scripts import registry
 from scripts import vertex_config
@@ -165,20 +165,10 @@ def gcloud_command(kind: str, *, project: str, region: str, display_name: str, c
           f"--display-name={shlex.quote(display_name)} --config={shlex.quote(config_file)}")
 
 
-def client_kwargs(region: str, api_endpoint: str | None) -> dict[str, Any]:
-  """Keyword arguments for any aiplatform_v1 service client: the regional endpoint, or a local one (tests,
-  fakes), which is reached anonymously over plain HTTP REST."""
-  kwargs: dict[str, Any] = {"client_options": {"api_endpoint": api_endpoint or f"{region}-aiplatform.googleapis.com"}}
-  if api_endpoint and api_endpoint.startswith("http://"):
-    from google.auth.credentials import AnonymousCredentials  # pylint: disable=g-import-not-at-top
-    kwargs.update(credentials=AnonymousCredentials(), transport="rest")
-  return kwargs
-
-
 def job_client(region: str, api_endpoint: str | None):
   from google.cloud import aiplatform_v1  # pylint: disable=g-import-not-at-top
 
-  return aiplatform_v1.JobServiceClient(**client_kwargs(region, api_endpoint))
+  return aiplatform_v1.JobServiceClient(**clients.vertex_kwargs(region, api_endpoint))
 
 
 def create_job(client, kind: str, parent: str, request: dict):

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
+# The repo root and tests/ are on the import path through pytest.ini's `pythonpath`.
 from scripts import loopback  # pylint: disable=wrong-import-position
 
 for _name, _value in {**loopback.LOOPBACK_ENV, "TF_CPP_MIN_LOG_LEVEL": "2"}.items():

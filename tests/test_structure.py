@@ -1,0 +1,93 @@
+"""The shape of the code: no import circles among the project's modules (module-level or inside functions), and
+no module of the trainer importing tooling. Read from the source with `ast`; nothing is imported."""
+
+import ast
+import os
+
+import procs
+
+PACKAGES = ("trainer", "scripts")
+
+
+def _modules() -> dict[str, str]:
+  """Dotted module name -> file, for every module of the project's packages."""
+  found = {}
+  for package in PACKAGES:
+    for directory, _, files in os.walk(os.path.join(procs.REPO, package)):
+      for name in files:
+        if name.endswith(".py"):
+          relative = os.path.relpath(os.path.join(directory, name), procs.REPO)[:-3].replace(os.sep, ".")
+          found[relative[:-len(".__init__")] if relative.endswith(".__init__") else relative] = os.path.join(
+              directory, name)
+  return found
+
+
+def import_graph() -> dict[str, set[str]]:
+  """Module -> the project modules it imports anywhere in its source (a package's import counts as its
+  __init__; `from package import module` as the module)."""
+  modules = _modules()
+  graph = {}
+  for module, path in modules.items():
+    with open(path) as f:
+      tree = ast.parse(f.read(), path)
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    targets = set()
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Import):
+        targets.update(alias.name for alias in node.names)
+      elif isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:
+          base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+        for alias in node.names:
+          targets.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+    graph[module] = {t for t in targets if t in modules and t != module}
+  return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+  """Every strongly connected group of more than one module (Tarjan), each sorted."""
+  index, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+  def visit(node):
+    index[node] = low[node] = len(index)
+    stack.append(node)
+    on_stack.add(node)
+    for target in sorted(graph[node]):
+      if target not in index:
+        visit(target)
+        low[node] = min(low[node], low[target])
+      elif target in on_stack:
+        low[node] = min(low[node], index[target])
+    if low[node] == index[node]:
+      group = []
+      while True:
+        member = stack.pop()
+        on_stack.discard(member)
+        group.append(member)
+        if member == node:
+          break
+      if len(group) > 1:
+        groups.append(sorted(group))
+
+  for node in sorted(graph):
+    if node not in index:
+      visit(node)
+  return groups
+
+
+def test_the_cycle_finder_finds_a_cycle():
+  assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+  assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circles():
+  assert cycles(import_graph()) == []
+
+
+def test_the_trainer_imports_no_tooling():
+  """The package Vertex installs is the trainer alone: nothing in it may need scripts/."""
+  graph = import_graph()
+  leaks = {m: sorted(t for t in targets if t.startswith("scripts")) for m, targets in graph.items()
+           if m.startswith("trainer")}
+  assert not {m: t for m, t in leaks.items() if t}
