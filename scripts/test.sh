@@ -6,6 +6,7 @@
 #   bash scripts/test.sh            # all tests, then the TF 2.17 smoke subset
 #   bash scripts/test.sh -k cluster # pytest arguments pass through (the smoke subset is then skipped)
 #   SMOKE_TF217=0 bash scripts/test.sh   # skip the TF 2.17 subset
+#   TEST_WORKERS=0 bash scripts/test.sh  # one test process instead of two
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh
@@ -14,7 +15,15 @@ export GCE_METADATA_HOST=127.0.0.1:9 GCE_METADATA_IP=127.0.0.1:9 NO_GCE_CHECK=tr
 if [ "$#" -gt 0 ]; then
   exec "$VENV/bin/python" -m pytest "$@"
 fi
-"$VENV/bin/python" -m pytest
+# Two test processes (pytest-xdist), one per core: most of the suite's time is TensorFlow processes starting,
+# waiting on peers, emulators and timeouts. worksteal keeps both busy while the long multi-process tests run.
+# TEST_WORKERS=0 runs everything in this one process, as before.
+workers="${TEST_WORKERS:-2}"
+if [ "$workers" = "0" ]; then
+  "$VENV/bin/python" -m pytest --durations=15
+else
+  "$VENV/bin/python" -m pytest -n "$workers" --dist worksteal --durations=15
+fi
 if [ "${SMOKE_TF217:-1}" != "0" ]; then
   VENV="$PWD/.venv-tf217" REQUIREMENTS=requirements-tf217.txt source scripts/bootstrap.sh
   echo "--- the smoke subset on $("$PWD/.venv-tf217/bin/python" -c 'import tensorflow as tf, keras; print(f"TF {tf.__version__}, Keras {keras.__version__}")' 2>/dev/null)"

@@ -74,11 +74,6 @@ def test_parameter_server_strategy(churn_data, tmp_path):
     metrics = json.load(f)
   assert metrics["strategy"] == "ParameterServerStrategy" and metrics["final_step"] == 100
   assert metrics["eval_accuracy"] > 0.8 and metrics["eval_examples"] == 1000
-  import test_training  # pylint: disable=g-import-not-at-top
-
-  assert test_training.train_steps_logged(out) == [20, 40, 60, 80, 100]
-  assert test_training.train_steps_logged(out, split="eval") == [40, 80, 100]
-  assert test_training.checkpoint_steps(out) == [50, 100]
   serving.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")
 
 

@@ -1,6 +1,7 @@
 """The export as serving stacks load it: TF Serving's session loader, `saved_model_cli run`, and the
 Vertex-shaped prediction command (`python -m scripts.predict`), good requests and bad ones."""
 
+import io
 import json
 import os
 import re
@@ -23,34 +24,39 @@ def churn_export(churn_data, tmp_path_factory):
   return out / "model"
 
 
+def _predict(monkeypatch, capsys, args, body=None):
+  """`python -m scripts.predict ARGS` in this process (its `main`): exit code, stdout, stderr."""
+  if body is not None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO(body))
+  code = predict.main(args)
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
 LOYAL = {"tenure_months": 60, "monthly_charges": 50.0, "support_calls": 0, "plan": "pro", "region": "east"}
 AT_RISK = {"tenure_months": 1.0, "monthly_charges": 120.0, "support_calls": 6, "plan": {"b64": "YmFzaWM="},
            "region": "south"}  # "basic", as a client sends binary strings
 
 
 @pytest.mark.smoke
-def test_predict_command_answers_rows_and_columns_like_vertex(churn_export, tmp_path):
+def test_predict_command_answers_rows_and_columns_like_vertex(churn_export, tmp_path, monkeypatch, capsys):
   request = tmp_path / "request.json"
   request.write_text(json.dumps({"instances": [LOYAL, AT_RISK]}))
-  result = subprocess.run([sys.executable, "-m", "scripts.predict", f"--model_dir={churn_export}",
-                           f"--request={request}"], cwd=procs.REPO, env=procs.trainer_env(), capture_output=True,
-                          text=True, timeout=120, check=False)
-  assert result.returncode == 0, result.stderr[-2000:]
-  response = json.loads(result.stdout)
+  code, out, err = _predict(monkeypatch, capsys, [f"--model_dir={churn_export}", f"--request={request}"])
+  assert code == 0, err[-2000:]
+  response = json.loads(out)
   assert [p["class_id"] for p in response["predictions"]] == [0, 1]
   for p in response["predictions"]:
     assert sorted(p) == ["class_id", "probabilities"] and abs(sum(p["probabilities"]) - 1) < 1e-5
   columns = {name: [LOYAL[name], "basic" if name == "plan" else AT_RISK[name]] for name in LOYAL}
-  result = subprocess.run([sys.executable, "-m", "scripts.predict", f"--model_dir={churn_export}"],
-                          input=json.dumps({"inputs": columns}), cwd=procs.REPO, env=procs.trainer_env(),
-                          capture_output=True, text=True, timeout=120, check=False)
-  assert result.returncode == 0, result.stderr[-2000:]
-  outputs = json.loads(result.stdout)["outputs"]
+  code, out, err = _predict(monkeypatch, capsys, [f"--model_dir={churn_export}"], json.dumps({"inputs": columns}))
+  assert code == 0, err[-2000:]
+  outputs = json.loads(out)["outputs"]
   assert outputs["class_id"] == [0, 1]
   assert outputs["probabilities"] == [p["probabilities"] for p in response["predictions"]]
 
 
-def test_predict_schemata_describe_what_the_signature_takes_and_returns(churn_export, tmp_path):
+def test_predict_schemata_describe_what_the_signature_takes_and_returns(churn_export, tmp_path, monkeypatch, capsys):
   """Model Registry's schemata (OpenAPI 3.0), checked with an OpenAPI validator against the signature's own
   inputs, a client's instances and the served predictions."""
   from openapi_schema_validator import OAS30Validator  # pylint: disable=g-import-not-at-top
@@ -60,21 +66,18 @@ def test_predict_schemata_describe_what_the_signature_takes_and_returns(churn_ex
   prediction_schema = yaml.safe_load((churn_export / "prediction_schema.yaml").read_text())
   OAS30Validator.check_schema(instance_schema)
   OAS30Validator.check_schema(prediction_schema)
-  signature_inputs = json.loads(subprocess.run(
-      [sys.executable, "-c", "import json, sys, tensorflow as tf; s = tf.saved_model.load(sys.argv[1])"
-       ".signatures['serving_default']; print(json.dumps(sorted(s.structured_input_signature[1])))",
-       str(churn_export)], env=procs.trainer_env(), capture_output=True, text=True, check=True).stdout.splitlines()[-1])
-  assert sorted(instance_schema["properties"]) == signature_inputs
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  signature = tf.saved_model.load(str(churn_export)).signatures["serving_default"]
+  assert sorted(instance_schema["properties"]) == sorted(signature.structured_input_signature[1])
   OAS30Validator(instance_schema).validate(LOYAL)
   errors = list(OAS30Validator(instance_schema).iter_errors({**LOYAL, "tenure_months": "long"}))
   assert errors and "'long' is not of type 'number'" in errors[0].message
   request = tmp_path / "request.json"
   request.write_text(json.dumps({"instances": [LOYAL, {**AT_RISK, "plan": "basic"}]}))
-  result = subprocess.run([sys.executable, "-m", "scripts.predict", f"--model_dir={churn_export}",
-                           f"--request={request}"], cwd=procs.REPO, env=procs.trainer_env(), capture_output=True,
-                          text=True, timeout=120, check=False)
-  assert result.returncode == 0, result.stderr[-2000:]
-  for prediction in json.loads(result.stdout)["predictions"]:
+  code, out, err = _predict(monkeypatch, capsys, [f"--model_dir={churn_export}", f"--request={request}"])
+  assert code == 0, err[-2000:]
+  for prediction in json.loads(out)["predictions"]:
     OAS30Validator(prediction_schema).validate(prediction)
   assert prediction_schema["properties"]["probabilities"]["maxItems"] == 2
 
@@ -159,15 +162,21 @@ def test_bad_requests_name_the_instance_and_feature(churn_export):
     model.close()
 
 
-def test_predict_command_bad_input_is_one_line_and_exit_2(churn_export, tmp_path):
+def test_predict_command_bad_input_is_one_line_and_exit_2(churn_export, tmp_path, monkeypatch, capsys):
+  """The first case through `python -m scripts.predict` itself (the process's exit code and streams), the others
+  through its `main` in this process."""
   cases = [([f"--model_dir={churn_export}"], "{not json", r"^error: --request: not valid JSON"),
            ([f"--model_dir={tmp_path}/none"], json.dumps({"instances": [LOYAL]}),
             r"^error: --model_dir: cannot load a SavedModel from .*/none \(SavedModel file does not exist"),
            ([f"--model_dir={churn_export}"], json.dumps({"instances": [{"plan": "pro"}]}),
             r"^error: instance 0: feature 'monthly_charges' is missing")]
-  for args, body, message in cases:
-    result = subprocess.run([sys.executable, "-m", "scripts.predict", *args], input=body, cwd=procs.REPO,
-                            env=procs.trainer_env(), capture_output=True, text=True, timeout=120, check=False)
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert result.returncode == 2 and len(errors) == 1 and re.search(message, errors[0]), result.stderr[-1500:]
-    assert "Traceback" not in result.stderr and not result.stdout
+  for number, (args, body, message) in enumerate(cases):
+    if number == 0:
+      result = subprocess.run([sys.executable, "-m", "scripts.predict", *args], input=body, cwd=procs.REPO,
+                              env=procs.trainer_env(), capture_output=True, text=True, timeout=120, check=False)
+      code, out, err = result.returncode, result.stdout, result.stderr
+    else:
+      code, out, err = _predict(monkeypatch, capsys, args, body)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and re.search(message, errors[0]), err[-1500:]
+    assert "Traceback" not in err and not out

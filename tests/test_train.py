@@ -228,6 +228,9 @@ def _bad_cases(churn_data, tmp_path):
   regression.mkdir()
   shutil.copy(f"{churn_data}/train/part-00000-of-00004.csv", regression / "a.csv")
   plugin_env = {"PYTHONPATH": f"{procs.REPO}:{tmp_path}"}
+  broken_run = tmp_path / "broken_run"  # a run record cut short (a kill during its write to local disk)
+  broken_run.mkdir()
+  (broken_run / "trainer_config.json").write_text('{"config": {"train": ')
   return [
       ("tf_config_json", good, {"TF_CONFIG": "{oops"}, r"TF_CONFIG is not valid JSON"),
       ("address_without_port", good, {"TF_CONFIG": procs.tf_config({"chief": ["127.0.0.1"], "worker": ["a:2"]},
@@ -298,6 +301,10 @@ def _bad_cases(churn_data, tmp_path):
        r"asynchronously"),
       ("jit_compile_fit_over_cpu_replicas", good + ["--jit_compile", "--loop=fit", "--num_cpu_devices=2"], {},
        r"^error: --jit_compile with --loop=fit cannot compile Keras' step over 2 CPU replicas .*use --loop=custom"),
+      ("corrupt_run_record", [f"--train_data={regression}/*.csv", "--label=churned",
+                              f"--checkpoint_dir={broken_run}"], {},
+       r"^error: --checkpoint_dir: .*/broken_run/trainer_config.json cannot be read \(.*\); it holds the schema this "
+       r"run inferred when it started"),
       ("unknown_flag", good + ["--no_such_flag=1"], {}, r"^error: Unknown command line flag 'no_such_flag'"),
       ("bad_flag_value", good + ["--global_batch_size=many"], {},
        r"^error: flag --global_batch_size=many: invalid literal for int\(\)"),

@@ -72,11 +72,8 @@ def _model_resources(model) -> list:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tensorflow.saved_model.experimental import TrackableResource  # pylint: disable=g-import-not-at-top
 
-  try:
-    descendants = tf.train.TrackableView(model).descendants()
-  except TypeError:  # some Keras layer objects cannot be walked; built-in models hold no resources
-    return []
-  return [t for t in descendants if isinstance(t, TrackableResource)]
+  # Not guarded: a model that cannot be walked would export without its tables and fail only when served.
+  return [t for t in tf.train.TrackableView(model).descendants() if isinstance(t, TrackableResource)]
 
 
 def export_saved_model(model, schema: schema_lib.Schema, directory: str) -> None:

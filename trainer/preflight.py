@@ -22,6 +22,7 @@ from trainer import schema as schema_lib
 from trainer import schema_inference
 from trainer import storage
 from trainer.errors import UserError
+from trainer.errors import first_line
 
 
 # Files a pattern such as gs://b/data/* also matches that are not data: the schema beside it.
@@ -166,8 +167,12 @@ def _infer_schema(config: config_lib.Config, files: list[str],
     try:
       with tf.io.gfile.GFile(record_path) as f:
         stored = json.load(f).get("schema")
-    except (tf.errors.OpError, ValueError):
-      stored = None
+    except (tf.errors.OpError, ValueError, AttributeError) as e:
+      # Not silently re-inferred: a schema inferred again from grown data could change the vocabularies under
+      # the run's checkpoints.
+      raise UserError(f"--checkpoint_dir: {record_path} cannot be read ({first_line(e)}); it holds the schema this "
+                      "run inferred when it started: restore it, pass --schema, or start over in an empty "
+                      "--checkpoint_dir") from e
     if stored:
       schema = schema_lib.parse_schema(stored, source=record_path)
       if schema.label.name == config.data.label:
