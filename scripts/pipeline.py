@@ -466,6 +466,11 @@ def _main(args) -> int:
     raise PipelineError("--upload_model: ModelUploadOp runs only on Vertex AI Pipelines; after a local run, "
                         "register the model with python -m scripts.submit --upload_model")
   if args.command == "local":
+    if not os.environ.get("STORAGE_EMULATOR_HOST"):
+      # The data check reads the bucket before the training step (which could start an emulator of its own).
+      raise PipelineError("local runs every step against the emulated bucket: start it first with "
+                          f'eval "$(python -m scripts.gcs_emulator start --bucket {args.bucket})" and stage the data '
+                          "there (python -m scripts.stage_data)")
     config = load_config(args.config, {**values, "PACKAGE_URI": f"gs://{args.bucket}/staging/local.tar.gz"})
     result = run_local(config, params, bucket=args.bucket, run_id=run_id,
                        extra=args.local_arg + [f"--extra_package={p}" for p in args.extra_package])
@@ -478,6 +483,7 @@ def _main(args) -> int:
     config = load_config(args.config, {**values, "PACKAGE_URI": uri})
     submit_lib.add_package_uris(config.body, [u for _, u in extras])  # compiled into the training step
     output = args.output if args.command == "compile" else os.path.join(scratch, "pipeline.yaml")
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     serving_image = None
     if args.upload_model:
       serving_image = args.serving_image or registry.serving_image(

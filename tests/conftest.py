@@ -20,6 +20,12 @@ from trainer import strategy as _strategy_lib  # pylint: disable=wrong-import-po
 _strategy_lib.configure_devices(IN_PROCESS_CPU_DEVICES)
 
 
+def pytest_collection_modifyitems(items):
+  """Tests marked `long` run first: with two test processes (scripts/test.sh), a test of minutes started last
+  would run alone at the end while the other process idles."""
+  items.sort(key=lambda item: item.get_closest_marker("long") is None)  # stable: file order otherwise
+
+
 @pytest.fixture(scope="session")
 def churn_data(tmp_path_factory) -> str:
   """Small churn dataset: train/ (4 shards) and eval/ (1 shard), TFRecord and CSV."""

@@ -38,6 +38,19 @@ def trainer_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
   return env
 
 
+def run_trainer_in_process(args: Sequence[str], *, env: Mapping[str, str] | None = None) -> int:
+  """`python -m trainer.task ARGS` as this process's `task.run_command` (fresh flags, the given environment on
+  top of the loopback settings); returns the exit code. For cases where no process boundary is the point."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+
+  from trainer import flags as trainer_flags  # pylint: disable=g-import-not-at-top
+  from trainer import task  # pylint: disable=g-import-not-at-top
+
+  values = flags.FlagValues()
+  trainer_flags.define_flags(values)
+  return task.run_command(["trainer.task", *args], {**SAFE_ENV, **(env or {})}, flag_values=values)
+
+
 def trainer_cmd(args: Sequence[str]) -> list[str]:
   return [sys.executable, "-m", "trainer.task", *args]
 

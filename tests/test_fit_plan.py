@@ -24,3 +24,16 @@ def test_steps_per_execution_lands_on_every_checkpoint_and_the_end():
   assert fit_loop.fit_steps_per_execution(steps_per_loop=50, checkpoint_every_steps=200, train_steps=1000) == 50
   assert fit_loop.fit_steps_per_execution(steps_per_loop=50, checkpoint_every_steps=200, train_steps=31) == 1
   assert fit_loop.fit_steps_per_execution(steps_per_loop=10, checkpoint_every_steps=25, train_steps=60) == 5
+
+
+def test_fit_reports_window_means_like_the_custom_loop():
+  """Keras' logs are running means since the epoch began; the actions get the mean of the steps since the last
+  report: losses 1.0 for steps 1-10 and 3.0 for steps 11-20 are reported as 1.0, then 3.0 (Keras says 2.0)."""
+  window = fit_loop.WindowMeans()
+  window.epoch_began(200)  # a resumed run: the epoch begins at step 200
+  assert window(210, {"loss": 1.0, "accuracy": 0.5}) == {"loss": 1.0, "accuracy": 0.5}
+  assert window(220, {"loss": 2.0, "accuracy": 0.75}) == {"loss": 3.0, "accuracy": 1.0}
+  assert window(220, {"loss": 2.0}) == {"loss": 2.0}  # no new step: the running mean as it is
+  window.epoch_began(400)
+  assert window(405, {"loss": 0.5}) == {"loss": 0.5}
+

@@ -188,17 +188,18 @@ def test_injected_transient_failures_do_not_change_the_result(gcs, gcs_churn, ch
     ("gs://no-such-bucket/data/*.tfrecord", r"^error: --train_data: no files match 'gs://no-such-bucket/data/"),
     ("gs://test-bucket/nothing-here/*.tfrecord", r"^error: --train_data: no files match 'gs://test-bucket/nothing"),
 ])
-def test_missing_bucket_or_object_names_the_uri(gcs, pattern, message):
-  result = procs.run_trainer([f"--train_data={pattern}", "--output_dir=gs://test-bucket/runs/bad"], env=gcs.env)
-  assert result.returncode == 2
-  assert re.search(message, result.stderr, re.M), result.stderr[-2000:]
+def test_missing_bucket_or_object_names_the_uri(gcs, pattern, message, capsys):
+  code = procs.run_trainer_in_process([f"--train_data={pattern}", "--output_dir=gs://test-bucket/runs/bad"],
+                                      env=gcs.env)
+  err = capsys.readouterr().err
+  assert code == 2 and re.search(message, err, re.M), err[-2000:]
 
 
-def test_missing_schema_object_names_the_uri(gcs, gcs_churn):
-  result = procs.run_trainer([f"--train_data={gcs_churn}/train/*.tfrecord", "--schema=gs://test-bucket/nope.json",
-                              "--output_dir=gs://test-bucket/runs/bad"], env=gcs.env)
-  assert result.returncode == 2
-  assert "error: --schema: file gs://test-bucket/nope.json not found" in result.stderr
+def test_missing_schema_object_names_the_uri(gcs, gcs_churn, capsys):
+  code = procs.run_trainer_in_process([f"--train_data={gcs_churn}/train/*.tfrecord",
+                                       "--schema=gs://test-bucket/nope.json", "--output_dir=gs://test-bucket/runs/bad"],
+                                      env=gcs.env)
+  assert code == 2 and "error: --schema: file gs://test-bucket/nope.json not found" in capsys.readouterr().err
 
 
 def test_emulator_down_fails_within_bounded_time(tmp_path):

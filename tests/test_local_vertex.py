@@ -257,6 +257,7 @@ def test_timeout_stops_every_child(staged, tmp_path, capsys):
   assert not _children_of(job_dir)
 
 
+@pytest.mark.long
 def test_preemptions_in_a_row_lose_no_step(staged, gcs, tmp_path):
   """Spot preemptions of a multi-worker job, the worker's VM and then the chief's: each replica saves on
   SIGTERM, its peer stops with it (one MultiWorkerMirrored job), both restart, and the job ends at exactly the

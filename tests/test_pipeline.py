@@ -50,7 +50,7 @@ def test_compiled_training_step_has_the_config_pools(tmp_path, capsys):
 
 
 def test_compile_params_become_the_run_defaults(tmp_path, capsys):
-  output = tmp_path / "pipeline.yaml"
+  output = tmp_path / "not" / "made" / "yet" / "pipeline.yaml"  # compile makes the folder it is told to write to
   assert pipeline.main(["compile", f"--config={CONFIG}", "--bucket=bkt", f"--output={output}",
                         "--param=train_steps=600", "--param=model=pkg.mod:build"]) == 0
   parameters = yaml.safe_load(output.read_text())["root"]["inputDefinitions"]["parameters"]
@@ -229,6 +229,14 @@ def test_local_pipeline_runs_the_configs_args_and_the_users_model(gcs, churn_dat
   assert train["global_batch_size"] == 48 and train["learning_rate"] == 0.003
   assert json.load(tf.io.gfile.GFile(f"{model_dir}/trainer_config.json"))["config"]["model"]["name"] == \
       "churn_models:build"
+
+
+def test_local_pipeline_needs_the_emulator_started(tmp_path, capsys, monkeypatch):
+  monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+  assert pipeline.main(["local", f"--config={CONFIG}", "--bucket=test-bucket", "--run_id=noemu"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: local runs every step against the emulated bucket: start it first with eval ") and \
+      len(err.strip().splitlines()) == 1, err
 
 
 def test_local_pipeline_check_data_fails_on_missing_data(gcs, capsys):

@@ -320,8 +320,8 @@ def _check_failure(name, code, stderr, message, out):
   problems = []
   if code != 2 or len(error_lines) != 1 or not re.search(message, error_lines[0]) or "Traceback" in stderr:
     problems.append(f"{name}: rc={code} {error_lines} {stderr[-1500:]}")
-  if os.path.exists(out) and os.listdir(out):  # no model, and no logs/ or checkpoints/ this run began either
-    problems.append(f"{name}: left {os.listdir(out)}")
+  if os.path.exists(out):  # no model, no logs/ or checkpoints/ this run began, not even the --output_dir it made
+    problems.append(f"{name}: left {out} ({os.listdir(out) if os.path.isdir(out) else 'a file'})")
   return problems
 
 
@@ -331,20 +331,12 @@ def _with_output_dir(args, out):
 
 def test_bad_input_fails_in_one_line_and_writes_nothing(churn_data, tmp_path, capsys, monkeypatch):
   """Every case through the trainer's whole command, in this process (fresh flags, the case's environment)."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
-
-  from trainer import flags as trainer_flags  # pylint: disable=g-import-not-at-top
-  from trainer import task  # pylint: disable=g-import-not-at-top
-
   monkeypatch.syspath_prepend(str(tmp_path))  # where the plug-in cases' module lives
   failures = []
   for name, args, env, message in _bad_cases(churn_data, tmp_path):
     out = tmp_path / f"out-{name}"
-    values = flags.FlagValues()
-    trainer_flags.define_flags(values)
-    environ = {k: v for k, v in {**procs.SAFE_ENV, **env}.items() if k != "PYTHONPATH"}
-    code = task.run_command(["trainer.task", *_with_output_dir(args, out), "--train_steps=20"], environ,
-                            flag_values=values)
+    code = procs.run_trainer_in_process([*_with_output_dir(args, out), "--train_steps=20"],
+                                        env={k: v for k, v in env.items() if k != "PYTHONPATH"})
     failures += _check_failure(name, code, capsys.readouterr().err, message, out)
   assert not failures, "\n".join(failures)
 

@@ -60,25 +60,56 @@ def fit_epoch_steps(train: config_lib.TrainConfig, *, batch_level: bool) -> int:
   return math.gcd(train.checkpoint_every_steps, train.log_every_steps, train.eval_every_steps or 0)
 
 
+class WindowMeans:
+  """Keras reports each metric as its running mean since the epoch began; the actions (log lines, TensorBoard,
+  the loss guard) report the mean over the steps since the previous report, as the custom loop does."""
+
+  def __init__(self):
+    self._epoch_start = self._last_step = 0
+    self._last: dict[str, float] = {}
+
+  def epoch_began(self, step: int) -> None:
+    self._epoch_start, self._last_step, self._last = step, step, {}
+
+  def __call__(self, step: int, logs: dict) -> dict[str, float]:
+    done, before = step - self._epoch_start, self._last_step - self._epoch_start
+    means = {}
+    for name, value in logs.items():
+      value = float(value)
+      previous = self._last.get(name)
+      means[name] = (value * done - previous * before) / (done - before) if (
+          previous is not None and done > before) else value
+    self._last_step, self._last = step, {name: float(value) for name, value in logs.items()}
+    return means
+
+
 def _callback(session: TrainingSession, actions: list[loop_lib.PeriodicAction], *, batch_level: bool,
               agree: loop_lib.Agreement | None):
   """The Keras callback that fires `actions` (built lazily, so this module imports without TensorFlow)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   optimizer, train_steps = session.optimizer, session.job.train_steps
+  window = WindowMeans()
 
   def fire(callback, logs) -> None:
-    state = loop_lib.LoopState(int(optimizer.iterations.numpy()), metrics=dict(logs or {}))
+    step = int(optimizer.iterations.numpy())
+    state = loop_lib.LoopState(step, metrics=window(step, dict(logs or {})))
     loop_lib.fire_due(actions, state, final=state.step >= train_steps, agree=agree)
     if state.step >= train_steps or session.stopped_early():
       callback.model.stop_training = True  # Keras checks it after every batch, then still ends the epoch
 
   class EpochActions(tf.keras.callbacks.Callback):
 
+    def on_epoch_begin(self, epoch, logs=None):
+      window.epoch_began(int(optimizer.iterations.numpy()))
+
     def on_epoch_end(self, epoch, logs=None):
       fire(self, logs)
 
-  class BatchActions(tf.keras.callbacks.Callback):
+  class BatchActions(EpochActions):
+
+    def on_epoch_end(self, epoch, logs=None):
+      pass  # the last batch of the epoch fired them
 
     def on_train_batch_end(self, batch, logs=None):
       fire(self, logs)

@@ -77,8 +77,8 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
 
   # Dirs this run creates are removed again if it fails on bad input found only now (a record deep in the
   # data, a plug-in model, a checkpoint of another model): what is left must not look like a result.
-  created = [d for d in (config.output.tensorboard_dir, config.output.checkpoint_dir)
-             if role.is_chief and not tf.io.gfile.exists(d)]
+  created = storage.new_dirs((config.output.tensorboard_dir, config.output.checkpoint_dir,
+                               config.output.model_dir)) if role.is_chief else []
   with _peer_watchdog(plan, config) as watchdog, _claim_run_dir(plan, env, config):
     return _build_and_train(config, env, plan, inputs, interactive, watchdog, created)
 

@@ -135,6 +135,24 @@ def read_json(path: str) -> Any:
     return json.loads(f.read())
 
 
+def new_dirs(directories) -> list[str]:
+  """The outermost of each directory and its ancestors that does not exist yet: what a run that fails must remove
+  to leave the file system as it found it (`--output_dir` included, not only the subdirectories it holds)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  outermost = []
+  for directory in directories:
+    if tf.io.gfile.exists(directory):
+      continue
+    if not is_remote(directory):  # local: the topmost missing ancestor (object stores have no empty folders)
+      directory = os.path.abspath(directory)
+      while not os.path.exists(os.path.dirname(directory)):
+        directory = os.path.dirname(directory)
+    if directory not in outermost:
+      outermost.append(directory)
+  return outermost
+
+
 def remove_tree(path: str) -> None:
   """Removes a directory if it exists (best effort: used to clean up after a failure)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
