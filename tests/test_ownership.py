@@ -49,7 +49,7 @@ def _args(churn_data, out, steps):
           f"--train_steps={steps}", "--checkpoint_every_steps=100000", "--log_every_steps=50", "--eval_steps=0"]
 
 
-def test_a_second_job_on_a_live_run_dir_is_refused_and_the_same_job_continues(churn_data, tmp_path):
+def test_a_second_job_on_a_live_run_dir_is_refused_and_the_same_job_continues(churn_data, tmp_path, capsys):
   out = tmp_path / "out"
   log_path = tmp_path / "first.log"
   with open(log_path, "w") as log:
@@ -61,11 +61,12 @@ def test_a_second_job_on_a_live_run_dir_is_refused_and_the_same_job_continues(ch
     while "step 50/" not in log_path.read_text():
       assert first.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
       time.sleep(0.2)
-    other = procs.run_trainer(_args(churn_data, out, 100), env={"CLOUD_ML_JOB_ID": "2002"})
-    # CLOUD_ML_JOB_ID set and no terminal: the trainer logs JSON lines, as on Vertex (trainer/logs.py).
-    messages = [json.loads(line)["message"] if line.startswith("{") else line for line in other.stderr.splitlines()]
+    # The second job is refused before it touches TensorFlow's devices: run in this process, as the CLI would.
+    code = procs.run_trainer_in_process(_args(churn_data, out, 100), env={"CLOUD_ML_JOB_ID": "2002"})
+    stderr = capsys.readouterr().err
+    messages = [json.loads(line)["message"] if line.startswith("{") else line for line in stderr.splitlines()]
     errors = [m for m in messages if m.startswith("error:")]
-    assert other.returncode == 2 and len(errors) == 1, other.stderr[-3000:]
+    assert code == 2 and len(errors) == 1, stderr[-3000:]
     assert errors[0].startswith(f"error: --checkpoint_dir: {out}/checkpoints is in use by job 1001 (pid "
                                 f"{first.pid} on ")
     os.kill(first.pid, signal.SIGTERM)  # preempted: saves, exits 143
