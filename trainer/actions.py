@@ -81,7 +81,7 @@ class LossGuard:
 
 
 def preemption_action(watcher: preemption.SigtermWatcher,
-                       keeper: checkpoints.CheckpointKeeper) -> loop_lib.PeriodicAction:
+                      keeper: checkpoints.CheckpointKeeper) -> loop_lib.PeriodicAction:
   """Saves at the step reached and stops with `Preempted` once SIGTERM arrived, here or (agreed) on a peer."""
 
   def save_and_stop(state: loop_lib.LoopState) -> None:

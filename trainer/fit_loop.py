@@ -73,13 +73,10 @@ class WindowMeans:
 
   def __call__(self, step: int, logs: dict) -> dict[str, float]:
     done, before = step - self._epoch_start, self._last_step - self._epoch_start
-    means = {}
-    for name, value in logs.items():
-      value = float(value)
-      previous = self._last.get(name)
-      means[name] = (value * done - previous * before) / (done - before) if (
-          previous is not None and done > before) else value
-    self._last_step, self._last = step, {name: float(value) for name, value in logs.items()}
+    running = {name: float(value) for name, value in logs.items()}
+    means = {name: (value * done - self._last[name] * before) / (done - before)
+             if name in self._last and done > before else value for name, value in running.items()}
+    self._last_step, self._last = step, running
     return means
 
 
