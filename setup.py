@@ -22,7 +22,7 @@ setuptools.setup(
     python_requires=">=3.10",
     # absl-py ships with TensorFlow; listed with a floor only, so pip never replaces the image's copy.
     install_requires=["absl-py>=1.0"],
-    # tfx: read a TFX / TFDV schema.pbtxt (--schema=...pbtxt); nothing else needs it.
-    extras_require={"tf": ["tensorflow>=2.16"], "tfx": ["tensorflow-metadata>=1.16"]},
+    # tfx: read a TFX / TFDV schema.pbtxt (--schema=...pbtxt); parquet: read Parquet files. Nothing else needs them.
+    extras_require={"tf": ["tensorflow>=2.16"], "tfx": ["tensorflow-metadata>=1.16"], "parquet": ["pyarrow>=14"]},
     entry_points={"console_scripts": ["vertex-tf-trainer=trainer.task:entry"]},
 )

@@ -91,7 +91,7 @@ def csv_rows(path: str) -> Iterator[tuple[int, dict[str, str]]]:
 def row_example(row: dict[str, str], schema: schema_lib.Schema, *, where: str) -> bytes:
   """One CSV row as a serialized tf.train.Example typed by the schema.
 
-  Empty cells: a string feature becomes "" (the out-of-vocabulary id in training), a numeric one the
+  Empty cells: a string or text feature becomes "" (out of vocabulary, no words), a numeric one the
   feature's schema `mean` (else 0), so a row is not lost for one missing value; an empty label is an error.
   """
   values = {}
@@ -104,7 +104,7 @@ def row_example(row: dict[str, str], schema: schema_lib.Schema, *, where: str) -
     text = row[name].strip()
     if kind == "image":
       raise StageError(f"{where}: image feature {name!r} cannot come from CSV; stage TFRecord files")
-    if kind == "string":
+    if kind in ("string", "text"):
       values[name] = row[name]
       continue
     if not text:

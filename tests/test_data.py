@@ -179,7 +179,7 @@ def _check_first(path, schema, fmt, flag="--train_data"):
   source = formats.resolve([str(path)], requested=fmt, vertex_format=None, flag=flag)
   if source.format == "csv":
     source = formats.csv_source(source, str(path), columns=None, flag=flag)
-    preflight.validate_schema_for_format(schema, source, flag=flag)
+    preflight.validate_schema_for_format(schema, source, [str(path)], flag=flag)
   preflight.check_first_record(str(path), source, schema, flag=flag)
 
 
@@ -219,7 +219,7 @@ def test_csv_that_does_not_match_schema(churn, tmp_path):
 @pytest.mark.parametrize("value,message", [
     ({"features": []}, r"expected an object with 'features' and 'label'"),
     ({"features": [{"name": "a", "type": "blob"}], "label": {"name": "y", "type": "float"}},
-     r"feature 'a' has type 'blob'; expected one of float, int, string, image$"),
+     r"feature 'a' has type 'blob'; expected one of float, int, string, text, image$"),
     ({"features": [{"name": "a", "type": "string"}], "label": {"name": "y", "type": "float"}},
      r"string feature 'a' needs a non-empty 'vocabulary' of strings$"),
     ({"features": [{"name": "a", "type": "float"}], "label": {"name": "y", "type": "int"}},

@@ -23,6 +23,7 @@ SCHEMA = schema_lib.parse_schema({
         {"name": "visits", "type": "int", "default": 0},
         {"name": "readings", "type": "float", "shape": [3]},
         {"name": "plan", "type": "string", "vocabulary": ["basic", "pro"]},
+        {"name": "note", "type": "text", "vocabulary": ["late", "bill"], "sequence_length": 8},
         {"name": "raw pixels", "type": "image", "shape": [4, 4, 1]},
         {"name": "photo", "type": "image", "shape": [4, 4, 3], "encoding": "png"},
     ],
@@ -36,7 +37,8 @@ def _png(height, width):
 
 
 RECORD = {"age": 31.5, "visits": 4, "readings": np.array([1.0, 2.0, 3.0]), "plan": "pro",
-          "raw pixels": np.arange(16, dtype=np.uint8).reshape(4, 4, 1), "photo": _png(6, 6), "churned": "yes"}
+          "note": "Late bill, again: café", "raw pixels": np.arange(16, dtype=np.uint8).reshape(4, 4, 1),
+          "photo": _png(6, 6), "churned": "yes"}
 
 
 def test_every_schema_type_has_one_kind():
@@ -50,6 +52,7 @@ def test_the_one_example_writer_round_trips_through_the_parse_spec():
   assert parsed["age"].numpy().tolist() == [31.5] and parsed["visits"].numpy().tolist() == [4]
   assert parsed["readings"].numpy().tolist() == [[1.0, 2.0, 3.0]]
   assert parsed["plan"].numpy().tolist() == [b"pro"] and parsed["churned"].numpy().tolist() == [b"yes"]
+  assert parsed["note"].numpy().tolist() == ["Late bill, again: café".encode()]
   assert parsed["raw pixels"].numpy()[0] == RECORD["raw pixels"].tobytes()
   assert parsed["photo"].numpy()[0] == RECORD["photo"]
   # A missing value is an absent feature; the schema's default fills it.
@@ -80,13 +83,14 @@ def test_what_serving_takes_encodes_to_what_the_model_takes():
     assert tuple(keras_inputs[feature.input_name].shape) == (None,) + spec.shape
     assert tuple(sample[feature.input_name].shape) == (2,) + spec.shape
   assert encoded["plan"].numpy().tolist() == [2, 2]  # "pro" is vocabulary entry 2 (0 is out of vocabulary)
+  assert encoded["note"].numpy().tolist() == ["Late bill, again: café".encode()] * 2  # text: the raw string
   assert encoded["photo"].numpy().max() == pytest.approx(200.0)  # a 6x6 PNG decoded and resized to 4x4
 
 
 def test_the_openapi_schema_of_each_kind_accepts_a_request_value():
   from openapi_schema_validator import OAS30Validator  # pylint: disable=g-import-not-at-top
 
-  instance = {"age": 31.5, "visits": 4.0, "readings": [1.0, 2.0, 3.0], "plan": "pro",
+  instance = {"age": 31.5, "visits": 4.0, "readings": [1.0, 2.0, 3.0], "plan": "pro", "note": "late",
               "raw_pixels": np.zeros((4, 4, 1)).tolist(), "photo": {"b64": "iVBORw0KGgo="}}
   OAS30Validator(predict_schemata.instance_schema(SCHEMA)).validate(instance)
   with pytest.raises(Exception):
@@ -94,7 +98,7 @@ def test_the_openapi_schema_of_each_kind_accepts_a_request_value():
 
 
 @pytest.mark.parametrize("name,kind", [("age", "number"), ("readings", "array"), ("plan", "string"),
-                                       ("photo", "image")])
+                                       ("note", "string"), ("photo", "image")])
 def test_json_kinds(name, kind):
   feature = SCHEMA.feature(name)
   assert feature_kinds.of(feature).json_kind(feature) == kind

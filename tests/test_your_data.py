@@ -11,37 +11,14 @@ import pandas as pd
 import tensorflow as tf
 
 import procs
+import serving
 from public_data import digits_rows
 from public_data import iris_frame
 from public_data import write_jsonl
-from scripts import predict
 from trainer import schema as schema_lib
 from trainer import task
 
 TIMEOUT = 240
-
-
-def _serve(model_dir: str, instances: list[dict]) -> list[dict]:
-  """Predictions from the session loader (TF Serving's path), checked against `tf.saved_model.load`'s."""
-  model = predict.SessionModel(model_dir)
-  try:
-    response = predict.predict(model, json.loads(json.dumps({"instances": instances})))
-  finally:
-    model.close()
-  signature = tf.saved_model.load(model_dir).signatures["serving_default"]
-  columns = {}
-  for name, spec in signature.structured_input_signature[1].items():
-    values = [row[name]["b64"] if isinstance(row[name], dict) else row[name] for row in instances]
-    if spec.dtype == tf.string and isinstance(instances[0][name], dict):
-      import base64  # pylint: disable=g-import-not-at-top
-
-      values = [base64.b64decode(v) for v in values]
-    columns[name] = tf.constant(values, dtype=spec.dtype)
-  expected = signature(**columns)
-  got = np.array([p["probabilities"] for p in response["predictions"]])
-  np.testing.assert_allclose(got, expected["probabilities"].numpy(), rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(got.sum(axis=1), 1.0, rtol=1e-5)
-  return response["predictions"]
 
 
 def test_vertex_managed_csv_dataset_with_only_vertex_variables(gcs, tmp_path):
@@ -80,7 +57,7 @@ def test_vertex_managed_csv_dataset_with_only_vertex_variables(gcs, tmp_path):
                for row in eval_rows.fillna(3.0).to_dict("records")]
   local_model = tmp_path / "model"
   _copy_tree(f"{run}/model", str(local_model))
-  predictions = _serve(str(local_model), instances)
+  predictions = serving.serve_instances(str(local_model), instances)
   names = [p["class_name"] for p in predictions]
   assert all(isinstance(name, str) for name in names)  # JSON strings, as TF Serving answers
   assert np.mean(np.array(names) == eval_rows["species"].to_numpy()) >= 0.8
@@ -128,7 +105,7 @@ def test_inferred_schema_with_images_on_a_two_process_job(tmp_path):
     metrics = json.load(f)
   assert metrics["num_replicas"] == 2 and metrics["eval_examples"] == 397
   instances = [{k: v for k, v in row.items() if k != "digit"} for row in digits_rows(1400, 1450)]
-  predictions = _serve(str(out / "model"), instances)
+  predictions = serving.serve_instances(str(out / "model"), instances)
   labels = [row["digit"] for row in digits_rows(1400, 1450)]
   assert np.mean([p["class_id"] == y for p, y in zip(predictions, labels)]) >= 0.6
 

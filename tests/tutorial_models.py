@@ -1,5 +1,6 @@
 """Plug-in models written the way the Keras tutorials write them (`--model=tutorial_models:NAME`): probability
-outputs, one sigmoid unit, Sequential over one vector of numbers, raw strings looked up inside the model."""
+outputs, one sigmoid unit, Sequential over one vector of numbers, raw strings looked up inside the model, raw
+text vectorized inside the model."""
 
 import keras
 
@@ -54,3 +55,16 @@ def sigmoid_over_three(schema, hparams):
   """A multi-label head on a single-label task: refused."""
   del hparams
   return keras.Sequential([keras.Input((_numeric_size(schema),)), keras.layers.Dense(3, activation="sigmoid")])
+
+
+def text_embedding_bag(schema, hparams):
+  """tensorflow.org "Basic text classification", fed by the schema instead of `adapt`: a raw string input,
+  TextVectorization to int sequences over the schema's words, Embedding, GlobalAveragePooling1D, softmax out."""
+  del hparams
+  text = next(f for f in schema.features if f.type == "text")
+  inputs = keras.Input(shape=(1,), dtype="string", name=text.name)
+  x = keras.layers.TextVectorization(vocabulary=list(text.vocabulary), output_mode="int",
+                                     output_sequence_length=text.sequence_length)(inputs)
+  x = keras.layers.Embedding(len(text.vocabulary) + 2, 16)(x)
+  x = keras.layers.GlobalAveragePooling1D()(keras.layers.Dropout(0.2)(x))
+  return keras.Model(inputs, keras.layers.Dense(schema.label.num_classes, activation="softmax")(x))

@@ -129,6 +129,45 @@ class Categorical(Kind):
     return table.lookup(value)
 
 
+class Text(Kind):
+  """`text`: free text. Every model gets the raw string (the built-in ones tokenize it in the graph with Keras'
+  `TextVectorization` over the schema's token vocabulary, which TF Serving runs as plain string and lookup ops)."""
+
+  type = "text"
+
+  def example_values(self, feature, value):
+    return [value if isinstance(value, bytes) else str(value).encode()]
+
+  def json_kind(self, feature):
+    return "string"
+
+  def model_input(self, feature):
+    return Spec((), "string")
+
+  def serving_input(self, feature):
+    return Spec((), "string")
+
+  def openapi(self, feature):
+    return {"type": "string", "description": f"free text; {len(feature.vocabulary)} known words"}
+
+  def encode(self, feature, value, *, table=None):
+    return value
+
+
+# Keras' TextVectorization defaults (standardize="lower_and_strip_punctuation", split="whitespace"), which the
+# built-in models use: tf.strings.lower (ASCII letters only), this punctuation removed, split at ASCII whitespace.
+TEXT_STRIP_PATTERN = r'[!"#$%&()\*\+,-\./:;<=>?@\[\\\]^_`{|}~\']'
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def text_tokens(text: str) -> list[str]:
+  """The tokens Keras' default TextVectorization makes of `text`, in plain Python (schema inference)."""
+  import re  # pylint: disable=g-import-not-at-top
+
+  stripped = re.sub(TEXT_STRIP_PATTERN, "", text.translate(_ASCII_LOWER))
+  return [token for token in re.split(r"[ \t\n\r\f\v]+", stripped) if token]
+
+
 class Image(Kind):
   """`image`: raw uint8 bytes of the schema's shape, or PNG/JPEG bytes decoded (and resized) in the graph."""
 
@@ -187,7 +226,7 @@ def _decode_images(data, feature: schema_lib.Feature):
 
 
 KINDS: dict[str, Kind] = {"float": Numeric("float"), "int": Numeric("int"), "string": Categorical(),
-                          "image": Image()}
+                          "text": Text(), "image": Image()}
 assert tuple(KINDS) == schema_lib.FEATURE_TYPES, "every schema feature type has its kind"
 
 

@@ -1,7 +1,8 @@
 """Which format and compression the data files are in, and reading a few of their records in plain Python.
 
 `--data_format=auto` (the default) resolves in this order: Vertex's `AIP_DATA_FORMAT` (a managed-dataset job),
-the file extension (`.tfrecord`, `.csv`, `.jsonl`, each optionally `.gz` / `.zz`), then the first file's content.
+the file extension (`.tfrecord`, `.csv`, `.jsonl`, each optionally `.gz` / `.zz`; `.parquet`), then the first
+file's content (Parquet's `PAR1` magic, a TFRecord, JSON, else CSV). Parquet is read by `trainer.parquet`.
 Compression is read from each file's first bytes (gzip's magic, zlib's header), not trusted from the name: Beam
 and Dataflow write `*.tfrecord.gz`, `gsutil -Z` and some exporters gzip files whose names do not say so.
 
@@ -25,7 +26,7 @@ from trainer.errors import first_line
 # AIP_DATA_FORMAT values (Vertex managed datasets) -> ours; bigquery is refused with its own message.
 VERTEX_FORMATS = {"csv": "csv", "jsonl": "jsonl", "tf-record": "tfrecord", "tfrecord": "tfrecord"}
 _EXTENSIONS = {".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".tfrec": "tfrecord", ".csv": "csv",
-               ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
+               ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
 _COMPRESSED_EXTENSIONS = {".gz": "GZIP", ".gzip": "GZIP", ".zz": "ZLIB", ".zlib": "ZLIB", ".deflate": "ZLIB"}
 _GZIP_MAGIC = b"\x1f\x8b"
 _SNIFFED_FILES = 16  # files whose first bytes are read to check one compression under a pattern
@@ -36,14 +37,14 @@ _HEAD_BYTES = 64 * 1024
 class Source:
   """How to read one split's files: resolved once in pre-flight, then passed to every reader."""
 
-  format: str  # tfrecord | csv | jsonl
+  format: str  # tfrecord | csv | jsonl | parquet
   compression: str = ""  # "" | GZIP | ZLIB (TensorFlow's compression_type names)
   columns: tuple[str, ...] | None = None  # CSV: every column, in file order
   header: bool = False  # CSV: the first line of each file is a header row
   multiline: bool = False  # CSV: quoted fields hold line breaks (pandas writes free text so): read by CsvDataset
 
   def describe(self) -> str:
-    kind = {"tfrecord": "TFRecord", "csv": "CSV", "jsonl": "JSONL"}[self.format]
+    kind = {"tfrecord": "TFRecord", "csv": "CSV", "jsonl": "JSONL", "parquet": "Parquet"}[self.format]
     text = f"{self.compression.lower()} {kind}" if self.compression else kind
     if self.format == "csv":
       text += (f" ({len(self.columns or ())} columns, {'a header row' if self.header else 'no header row'}"
@@ -148,7 +149,12 @@ def _one_compression(files: list[str], *, flag: str) -> str:
 
 
 def _sniff_format(path: str, compression: str, *, flag: str) -> str:
-  """TFRecord if the first record reads as one, else JSONL if the text starts with '{', else CSV."""
+  """Parquet by its magic, TFRecord if the first record reads as one, else JSONL if the text starts with '{',
+  else CSV."""
+  from trainer import parquet  # pylint: disable=g-import-not-at-top
+
+  if not compression and read_head(path, 4, flag=flag) == parquet.MAGIC:
+    return "parquet"
   if _first_tfrecord(path, compression) is not None:
     return "tfrecord"
   text = _text_head(path, compression, flag=flag).lstrip()
@@ -172,8 +178,8 @@ def _text_head(path: str, compression: str, *, flag: str) -> str:
     try:
       return f.read(_HEAD_BYTES)
     except UnicodeDecodeError as e:
-      raise UserError(f"{flag}: {path} is not UTF-8 text (byte {e.start}); expected TFRecord, CSV or "
-                      "JSONL data") from None
+      raise UserError(f"{flag}: {path} is not UTF-8 text (byte {e.start}); expected TFRecord, CSV, "
+                      "JSONL or Parquet data") from None
     except (OSError, EOFError, zlib.error) as e:
       raise UserError(f"{flag}: {path} is not valid {compression.lower()} data ({e})") from None
 
@@ -338,7 +344,8 @@ def iter_csv(path: str, compression: str, *, flag: str) -> Iterator[tuple[int, l
 
 def iter_records(path: str, source: Source, *, flag: str) -> Iterator[tuple[str, dict[str, Any]]]:
   """(where, {column: value}) of each record: `where` is "line N" or "record N"; values are as the file holds
-  them: Example value lists (TFRecord), strings (CSV; "" when empty), JSON values (JSONL)."""
+  them: Example value lists (TFRecord), strings (CSV; "" when empty), JSON values (JSONL), pyarrow's Python
+  values (Parquet: "row N")."""
   if source.format == "csv":
     rows = iter_csv(path, source.compression, flag=flag)
     if source.header:
@@ -353,6 +360,10 @@ def iter_records(path: str, source: Source, *, flag: str) -> Iterator[tuple[str,
       yield f"line {line}", dict(zip(source.columns, row))
   elif source.format == "jsonl":
     yield from _iter_jsonl(path, source.compression, flag=flag)
+  elif source.format == "parquet":
+    from trainer import parquet  # pylint: disable=g-import-not-at-top
+
+    yield from parquet.iter_rows(path, flag=flag)
   else:
     yield from _iter_examples(path, source.compression, flag=flag)
 
@@ -373,12 +384,44 @@ def _iter_jsonl(path: str, compression: str, *, flag: str):
         if not isinstance(value, dict):
           raise UserError(f"{flag}: {path} line {line_number} is a JSON {type(value).__name__}; expected one "
                           "object per line")
-        yield f"line {line_number}", value
+        yield f"line {line_number}", flatten_json(value)
     except UnicodeDecodeError as e:
       raise UserError(f"{flag}: {path} is not UTF-8 text (after line {line_number}, byte {e.start})") from None
     except (OSError, EOFError, zlib.error) as e:
       raise UserError(f"{flag}: {path} is not valid {compression.lower() or 'JSONL'} data after line "
                       f"{line_number} ({e})") from None
+
+
+def flatten_json(value: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+  """A JSON object's nested objects as dotted columns: {"a": {"b": 1}} -> {"a.b": 1}. An image ({"b64": ...})
+  is one value. This is how a column names a nested value, e.g. the label of Vertex's classification exports,
+  `classificationAnnotation.displayName`; the input pipeline extracts it alike (`_jsonl_columns`)."""
+  flat: dict[str, Any] = {}
+  for key, item in value.items():
+    if isinstance(item, dict) and set(item) != {"b64"}:
+      flat.update(flatten_json(item, f"{prefix}{key}."))
+    else:
+      flat[f"{prefix}{key}"] = item
+  return flat
+
+
+# Vertex AI's image and text classification exports (one JSON object per data item): the annotation is the label.
+VERTEX_LABEL = "classificationAnnotation.displayName"
+VERTEX_MULTI_LABEL = "classificationAnnotations"
+# Keys of those exports that describe the data item, not its content (ml_use, annotation sets): never features.
+VERTEX_METADATA_PREFIXES = ("dataItemResourceLabels.", "classificationAnnotation.annotationResourceLabels.")
+
+
+def vertex_export_label(path: str, source: Source, *, flag: str) -> str | None:
+  """`VERTEX_LABEL` when the first record of `path` is a line of Vertex's classification export, else None."""
+  if source.format != "jsonl":
+    return None
+  for _, record in iter_records(path, source, flag=flag):
+    if VERTEX_MULTI_LABEL in record:
+      raise UserError(f"{flag}: {path} is Vertex's multi-label classification export ({VERTEX_MULTI_LABEL!r}); "
+                      "the trainer reads single-label exports (classificationAnnotation) only so far")
+    return VERTEX_LABEL if VERTEX_LABEL in record else None
+  return None
 
 
 def _iter_examples(path: str, compression: str, *, flag: str):

@@ -1,4 +1,5 @@
-"""Input pipelines: TFRecord (`tf.train.Example`), CSV and JSONL files, plain or gzip/zlib, local or `gs://`.
+"""Input pipelines: TFRecord (`tf.train.Example`), CSV and JSONL files, plain or gzip/zlib, and Parquet
+(`trainer.parquet`), local or `gs://`.
 
 The layout follows the tf.data performance guide: shard whole files per input pipeline (the strategy's
 `InputContext`), interleave parallel reads, batch first and then parse the whole batch in one vectorized op,
@@ -72,24 +73,29 @@ def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, source: form
     shard_files = num_pipelines > 1 and len(files) >= num_pipelines
     shard_records = num_pipelines > 1 and not shard_files
 
-    file_ds = tf.data.Dataset.from_tensor_slices(files)
-    if shard_files:
-      file_ds = file_ds.shard(num_pipelines, pipeline_id)
-    num_files = len(files[pipeline_id::num_pipelines]) if shard_files else len(files)
-    if training and shuffle_buffer:
-      file_ds = file_ds.shuffle(num_files, seed=seed, reshuffle_each_iteration=True)
-    if repeat:
-      file_ds = file_ds.repeat()
-    ds = file_ds.interleave(
-        _reader(source, csv_layout),
-        cycle_length=min(num_files, _MAX_PARALLEL_FILES),
-        num_parallel_calls=tf.data.AUTOTUNE,
-        # Record sharding needs the same order on every pipeline; otherwise let the fastest file win.
-        deterministic=deterministic or shard_records or not training)
-    if shard_records:
-      ds = ds.shard(num_pipelines, pipeline_id)
-    ds = ds.batch(batch_size, drop_remainder=training, num_parallel_calls=tf.data.AUTOTUNE,
-                  deterministic=deterministic or not training)
+    if source.format == "parquet":
+      ds = _parquet_batches(files, schema, batch_size=batch_size, training=training, repeat=repeat,
+                            shuffle=training and bool(shuffle_buffer) and not shard_records, seed=seed,
+                            num_pipelines=num_pipelines, pipeline_id=pipeline_id, shard_files=shard_files)
+    else:
+      file_ds = tf.data.Dataset.from_tensor_slices(files)
+      if shard_files:
+        file_ds = file_ds.shard(num_pipelines, pipeline_id)
+      num_files = len(files[pipeline_id::num_pipelines]) if shard_files else len(files)
+      if training and shuffle_buffer:
+        file_ds = file_ds.shuffle(num_files, seed=seed, reshuffle_each_iteration=True)
+      if repeat:
+        file_ds = file_ds.repeat()
+      ds = file_ds.interleave(
+          _reader(source, csv_layout),
+          cycle_length=min(num_files, _MAX_PARALLEL_FILES),
+          num_parallel_calls=tf.data.AUTOTUNE,
+          # Record sharding needs the same order on every pipeline; otherwise let the fastest file win.
+          deterministic=deterministic or shard_records or not training)
+      if shard_records:
+        ds = ds.shard(num_pipelines, pipeline_id)
+      ds = ds.batch(batch_size, drop_remainder=training, num_parallel_calls=tf.data.AUTOTUNE,
+                    deterministic=deterministic or not training)
     if max_batches is not None:
       # --eval_steps counts global batches; this pipeline makes per-replica ones for several replicas.
       replicas_per_pipeline = (input_context.num_replicas_in_sync // input_context.num_input_pipelines
@@ -109,6 +115,31 @@ def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, source: form
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
 
   return dataset_fn
+
+
+_PARQUET_CHUNK_ROWS = 65_536  # rows per call into Python: its fixed cost per call is most of the time at 1,024
+
+
+def _parquet_batches(files, schema, *, batch_size, training, repeat, shuffle, seed, num_pipelines, pipeline_id,
+                     shard_files):
+  """Batches of raw columns from `trainer.parquet` (pyarrow in Python; see its docstring for why). Python hands
+  over chunks of many batches, cut into batches by `rebatch`."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  from trainer import parquet  # pylint: disable=g-import-not-at-top
+
+  mine = files[pipeline_id::num_pipelines] if shard_files else files
+  keep_every, keep_offset = (1, 0) if shard_files or num_pipelines == 1 else (num_pipelines, pipeline_id)
+  chunk = batch_size * max(1, _PARQUET_CHUNK_ROWS // batch_size)
+
+  def generate():
+    yield from parquet.batches(mine, schema, batch_size=chunk, repeat=repeat, shuffle=shuffle, seed=seed,
+                               keep_every=keep_every, keep_offset=keep_offset, drop_remainder=False,
+                               flag="--train_data" if training else "--eval_data")
+
+  ds = tf.data.Dataset.from_generator(generate, output_signature=parquet.output_signature(schema))
+  ds = ds.map(lambda batch: parquet.strings_from_buffers(batch, schema), num_parallel_calls=tf.data.AUTOTUNE)
+  return ds.rebatch(batch_size, drop_remainder=training)
 
 
 def _select(features, labels, names):
@@ -189,7 +220,7 @@ def _csv_layout(schema: schema_lib.Schema, columns: tuple[str, ...]):
   defaults = []
   for _, name in ordered:
     feature = by_name.get(name)
-    text = feature.type == "string" if feature else schema.label.type == "string"
+    text = feature.is_textual if feature else schema.label.type == "string"
     dtype = tf.string if text else tf.float32
     default = feature.default if feature else None
     defaults.append(tf.constant([], dtype) if default is None else tf.constant([default], dtype))
@@ -214,6 +245,15 @@ def _batch_parser(schema: schema_lib.Schema, source: formats.Source, encoder: fe
                   csv_layout):
   label = schema.label
   data_format = source.format
+  if data_format == "parquet":
+
+    def parse_columns(columns):
+      columns = dict(columns)
+      target = columns.pop(label.name)
+      return encoder.encode(columns), encoder.encode_label(target)
+
+    return parse_columns
+
   if data_format == "tfrecord":
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -323,20 +363,33 @@ def _decode_unicode_escapes(text):
   return tf.strings.reduce_join(pieces.with_flat_values(decoded), axis=1)
 
 
-def _jsonl_columns(lines, schema: schema_lib.Schema):
-  """{column: tensor} for a batch of JSON lines: one RE2 pass per column extracts its value."""
+def _json_key_pattern(name: str) -> str:
+  """RE2 for `"name":` up to its value. A dotted name ("a.b", as `formats.flatten_json` names a nested value) is
+  also `"a": {... "b":`, inside the one object (objects nested one deeper may come before it). Each key as json.dumps writes it by
+  default (non-ASCII as \\uXXXX) or as UTF-8."""
   import json  # pylint: disable=g-import-not-at-top
   import re  # pylint: disable=g-import-not-at-top
 
+  def key(text):
+    spellings = dict.fromkeys(re.escape(json.dumps(text, ensure_ascii=ascii_only)) for ascii_only in (True, False))
+    return "(?:" + "|".join(spellings) + r")\s*:\s*"
+
+  if "." not in name:
+    return key(name)
+  nested = r"\{(?:[^{}]|\{[^{}]*\})*?".join(key(part) for part in name.split("."))
+  return f"(?:{key(name)}|{nested})"
+
+
+def _jsonl_columns(lines, schema: schema_lib.Schema):
+  """{column: tensor} for a batch of JSON lines: one RE2 pass per column extracts its value."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   columns = {}
   for name in schema.columns:
     kind = _json_value_kind(schema, name)
-    # The key as json.dumps writes it by default (non-ASCII as \\uXXXX) or as UTF-8 (ensure_ascii=False).
-    keys = dict.fromkeys(re.escape(json.dumps(name, ensure_ascii=ascii_only)) for ascii_only in (True, False))
     extracted = tf.strings.regex_replace(
-        lines, r"^.*?(?:" + "|".join(keys) + r")\s*:\s*" + _JSON_VALUE[kind] + r".*$", _PRESENT + r"\1")
+        lines, r"^.*?" + _json_key_pattern(name) + _JSON_VALUE[kind] + r".*$",
+        _PRESENT + r"\1")
     present = tf.strings.substr(extracted, 0, 1) == _PRESENT
     length = tf.strings.length(extracted)
     text = tf.strings.substr(extracted, tf.ones_like(length), length - 1)

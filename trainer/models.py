@@ -17,7 +17,8 @@ A plug-in is `--model=package.module:build_fn`:
 
   Returns:
     An uncompiled Keras model taking a dict of encoded features keyed by `feature.input_name` (strings
-    arrive as int64 ids, 0 for out-of-vocabulary, i + 1 for vocabulary entry i) and returning logits of
+    arrive as int64 ids, 0 for out-of-vocabulary, i + 1 for vocabulary entry i; free text as the raw string,
+    with the feature's token `vocabulary` and `sequence_length` at hand) and returning logits of
     shape (batch, num_classes) for classification or (batch,) / (batch, 1) for regression. It is run on one
     batch built from the schema before training (`check_outputs`); what does not fit is one error line.
 """
@@ -352,7 +353,8 @@ def model_inputs(schema: schema_lib.Schema) -> dict[str, Any]:
 
 def build_tabular(schema: schema_lib.Schema, model_config: config_lib.ModelConfig,
                   hparams: Mapping[str, Any] | None = None):
-  """An MLP over standardized numeric features and embedded categorical ones."""
+  """An MLP over standardized numeric features, embedded categorical ones, flattened images and the bag of words
+  of each text feature (a linear layer over it is bag-of-words logistic regression; the MLP can do no worse)."""
   del hparams
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -366,6 +368,8 @@ def build_tabular(schema: schema_lib.Schema, model_config: config_lib.ModelConfi
       x = layers.Embedding(size, min(8, size), name=f"{feature.input_name}_embedding")(x)
     elif feature.type == "image":
       x = layers.Flatten()(layers.Rescaling(feature.image_scale)(x))
+    elif feature.type == "text":
+      x = _bag_of_words(feature, x)
     else:
       x = layers.Reshape((feature.values_per_example,))(x)
       if feature.mean is not None and feature.std is not None:
@@ -379,6 +383,16 @@ def build_tabular(schema: schema_lib.Schema, model_config: config_lib.ModelConfi
       x = layers.Dropout(model_config.dropout)(x)
   outputs = layers.Dense(output_units(schema), name="output", dtype="float32")(x)  # float32 under mixed policies
   return tf.keras.Model(inputs, outputs, name="tabular")
+
+
+def _bag_of_words(feature: schema_lib.Feature, text):
+  """Which of the vocabulary's words the text holds (multi-hot, one slot for the rest), as TF Serving can run it:
+  Keras' TextVectorization over the schema's vocabulary, tokenizing as schema inference did."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  vectorize = tf.keras.layers.TextVectorization(vocabulary=list(feature.vocabulary), output_mode="multi_hot",
+                                                name=f"{feature.input_name}_words")
+  return vectorize(text)
 
 
 def _standardization(feature: schema_lib.Feature):

@@ -29,7 +29,12 @@ from trainer.errors import first_line
 # The run record the runner writes beside the checkpoints (its schema is reused when a run restarts).
 
 
-def validate_schema_for_format(schema: schema_lib.Schema, source: formats.Source, *, flag: str) -> None:
+def validate_schema_for_format(schema: schema_lib.Schema, source: formats.Source, files: list[str], *,
+                               flag: str) -> None:
+  if source.format == "parquet":
+    from trainer import parquet  # pylint: disable=g-import-not-at-top
+
+    parquet.check_types(files[0], schema, flag=flag)
   if source.format == "csv":
     images = [f.name for f in schema.features if f.type == "image"]
     if images:
@@ -47,6 +52,10 @@ def count_records(files: list[str], source: formats.Source) -> int:
   """Records in `files` (one pass; used to turn --epochs into steps)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+  if source.format == "parquet":
+    from trainer import parquet  # pylint: disable=g-import-not-at-top
+
+    return sum(parquet.num_rows(path, flag="--train_data") for path in files)
   if source.format == "tfrecord":
     ds = tf.data.TFRecordDataset(files, compression_type=source.compression, num_parallel_reads=tf.data.AUTOTUNE)
   else:
@@ -81,6 +90,12 @@ def check_inputs(config: config_lib.Config) -> Inputs:
     files[split] = storage.list_files(pattern, flag=flag)
     sources[split] = formats.resolve(files[split], requested=data_cfg.format, vertex_format=data_cfg.vertex_format,
                                      flag=flag)
+  if data_cfg.label is None:
+    vertex_label = formats.vertex_export_label(files["train"][0], sources["train"], flag="--train_data")
+    if vertex_label:
+      logging.info("--train_data: Vertex's classification export: the label is %s", vertex_label)
+      data_cfg = dataclasses.replace(data_cfg, label=vertex_label)
+      config = dataclasses.replace(config, data=data_cfg)
   schema = _read_schema(config)
   for split, (flag, _) in splits.items():
     if sources[split].format == "csv":
@@ -89,7 +104,7 @@ def check_inputs(config: config_lib.Config) -> Inputs:
   if schema is None:
     schema, origin = _infer_schema(config, files["train"], sources["train"])
   for split, (flag, _) in splits.items():
-    validate_schema_for_format(schema, sources[split], flag=flag)
+    validate_schema_for_format(schema, sources[split], files[split], flag=flag)
     check_first_record(files[split][0], sources[split], schema, flag=flag)
   if config.model.name == "cnn" and not any(f.type == "image" for f in schema.features):
     raise UserError("--model=cnn needs an image feature in the schema (type 'image'); use --model=tabular")
@@ -154,6 +169,17 @@ def _csv_columns(source: formats.Source, path: str, schema: schema_lib.Schema | 
   return source
 
 
+def _shortened(value: dict[str, Any], *, shown: int = 20) -> dict[str, Any]:
+  """The schema as logged: a long vocabulary (a text feature's thousands of words) cut to its first entries."""
+  def cut(column):
+    vocabulary = column.get("vocabulary")
+    if vocabulary and len(vocabulary) > shown:
+      return {**column, "vocabulary": vocabulary[:shown] + [f"... {len(vocabulary)} in all"]}
+    return column
+
+  return {**value, "features": [cut(f) for f in value["features"]], "label": cut(value["label"])}
+
+
 def _infer_schema(config: config_lib.Config, files: list[str],
                   source: formats.Source) -> tuple[schema_lib.Schema, str]:
   """A schema inferred from the training data; on a restart, the one the run inferred when it started (a grown
@@ -181,9 +207,10 @@ def _infer_schema(config: config_lib.Config, files: list[str],
   data_cfg = config.data
   inference = schema_inference.InferenceConfig(label=data_cfg.label, task=data_cfg.task,
                                                sample_rows=data_cfg.infer_sample_rows)
-  schema = schema_inference.infer_schema(files, source, inference, flag="--train_data", log=logging.info)
+  schema = schema_inference.infer_schema(files, source, inference, flag="--train_data", log=logging.info,
+                                          warn=logging.warning)
   logging.info("Schema (inferred; written beside the model as %s): %s", schema_lib.SCHEMA_FILE,
-               json.dumps(schema.to_dict(), sort_keys=True))
+               json.dumps(_shortened(schema.to_dict()), sort_keys=True))
   return schema, "inferred from --train_data"
 
 
@@ -223,7 +250,7 @@ def record_problem(record: dict[str, Any], schema: schema_lib.Schema, source: fo
       if len(values) != count:
         return f"feature {name!r} has {len(values)} values; the schema expects exactly {count}"
       value = values[0] if count == 1 else values
-      if kind == "string":
+      if kind in ("string", "text"):
         try:
           value = value.decode("utf-8")
         except UnicodeDecodeError:
@@ -243,6 +270,8 @@ def _value_problem(name, kind, value, feature, label, source) -> str | None:
 
   what = "feature" if source.format == "tfrecord" else "column"
   if kind == "image":
+    if source.format == "parquet" and not isinstance(value, bytes):
+      return f"column {name!r} holds {str(value)[:40]!r}; an image is binary (bytes) in Parquet"
     if source.format == "jsonl":
       if not isinstance(value, dict) or not isinstance(value.get("b64"), str):
         return f"column {name!r} holds {str(value)[:40]!r}; an image is {{'b64': '...'}} in JSONL"
@@ -258,23 +287,24 @@ def _value_problem(name, kind, value, feature, label, source) -> str | None:
       if len(value) != size:
         return f"image {what} {name!r} has {len(value)} bytes; shape {list(feature.shape)} needs {size}"
     return None
+  textual = kind in ("string", "text")
   if source.format == "csv":
-    if kind != "string" and not formats.is_number(value):
+    if not textual and not formats.is_number(value):
       return f"column {name!r} holds {value!r}, but the schema says {kind}"
-    if kind != "string":
+    if not textual:
       value = float(value)
-  if source.format == "jsonl":
+  if source.format in ("jsonl", "parquet"):
     count = feature.values_per_example if feature else 1
     if count > 1:
       if not (isinstance(value, list) and len(value) == count
               and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
         return f"column {name!r} holds {str(value)[:40]}; the schema expects a list of {count} numbers"
       return None
-    if kind == "string":
-      if not isinstance(value, str):
-        return f"column {name!r} holds {value!r}, but the schema says string (a JSON string)"
+    if textual:
+      if not isinstance(value, str) and not (source.format == "parquet" and isinstance(value, int)):
+        return f"column {name!r} holds {value!r}, but the schema says {kind} (a string)"
     elif not isinstance(value, (int, float)):
-      return f"column {name!r} holds {value!r}, but the schema says {kind} (a JSON number)"
+      return f"column {name!r} holds {value!r}, but the schema says {kind} (a number)"
   if feature is None:  # the label's value
     if label.vocabulary is not None:
       text = value if isinstance(value, str) else str(value)

@@ -31,6 +31,7 @@ from trainer import paths
 from trainer import peers
 from trainer import hypertune
 from trainer import models
+from trainer import parquet
 from trainer import plan as plan_lib
 from trainer import preflight
 from trainer import servers
@@ -66,6 +67,7 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
     return {}
 
   inputs = preflight.check_inputs(config)
+  parquet.check_strategy(inputs.sources, parameter_server=plan.choice.parameter_server)
   if role.is_chief:
     for flag, path in (("--model_dir", config.output.model_dir), ("--checkpoint_dir", config.output.checkpoint_dir),
                        ("--tensorboard_dir", config.output.tensorboard_dir)):

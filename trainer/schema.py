@@ -12,7 +12,8 @@ A schema is a JSON file beside the data (or wherever --schema points):
     }
 
 `float` and `int` are numeric; `string` is categorical over its vocabulary (unknown values map to an
-out-of-vocabulary id); `image` is image bytes (TFRecord, or base64 in JSONL). A label with `num_classes` makes a
+out-of-vocabulary id); `text` is free text (the model gets the raw string; its `vocabulary` is of tokens, see
+below); `image` is image bytes (TFRecord, or base64 in JSONL). A label with `num_classes` makes a
 classification task, a `float` label without it a regression task.
 
 Optional keys, all also written by schema inference (`python -m trainer.schema_inference`):
@@ -22,6 +23,11 @@ Optional keys, all also written by schema inference (`python -m trainer.schema_i
 - on an image: `"encoding": "raw" | "png" | "jpeg"` (default raw: uint8 bytes of `shape`; png/jpeg are decoded
   in the pipeline and resized to `shape` when they differ) and `"max_value"`: the pixel value that scales to
   1.0 (default 255; digits scanned 0..16 want 16).
+- on a text feature: `"vocabulary"`: its tokens, most frequent first, as Keras' `TextVectorization` splits text
+  (ASCII lower-cased, punctuation stripped, split at whitespace; `feature_kinds.text_tokens` in Python), and
+  `"sequence_length"` (default 64): the tokens a sequence model keeps per example. The built-in models read the
+  text as a bag of these words; a plug-in gets the raw string and builds its own
+  `TextVectorization(vocabulary=feature.vocabulary, output_sequence_length=feature.sequence_length)`.
 - on the label: `"type": "string"` with a `"vocabulary"` of class names (class i is vocabulary entry i).
 - `"columns"`: every CSV column in file order, for CSV files without a header row.
 
@@ -38,14 +44,18 @@ from typing import Any
 
 from trainer.errors import UserError
 
-FEATURE_TYPES = ("float", "int", "string", "image")
+FEATURE_TYPES = ("float", "int", "string", "text", "image")
 LABEL_TYPES = ("int", "float", "string")
 IMAGE_ENCODINGS = ("raw", "png", "jpeg")
 DEFAULT_IMAGE_MAX = 255.0
 # Each schema type's `tf.train.Example` list and the dtype it parses to (TensorFlow dtype names, so this module
 # imports no TensorFlow). The one table every reader, checker and converter uses.
-EXAMPLE_LISTS = {"float": "float_list", "int": "int64_list", "string": "bytes_list", "image": "bytes_list"}
-PARSE_DTYPES = {"float": "float32", "int": "int64", "string": "string", "image": "string"}
+EXAMPLE_LISTS = {"float": "float_list", "int": "int64_list", "string": "bytes_list", "text": "bytes_list",
+                 "image": "bytes_list"}
+PARSE_DTYPES = {"float": "float32", "int": "int64", "string": "string", "text": "string", "image": "string"}
+DEFAULT_SEQUENCE_LENGTH = 64
+# What Keras' TextVectorization reserves: index 0 pads, index 1 is the out-of-vocabulary token.
+RESERVED_TOKENS = ("", "[UNK]")
 SCHEMA_FILE = "schema.json"
 
 
@@ -60,10 +70,16 @@ class Feature:
   default: float | int | str | None = None
   encoding: str | None = None  # images only
   max_value: float | None = None  # images only
+  sequence_length: int | None = None  # text only: tokens kept per example by a sequence model
 
   @property
   def is_categorical(self) -> bool:
     return self.type == "string"
+
+  @property
+  def is_textual(self) -> bool:
+    """A string value per example: a category or free text (both parse to a tf.string)."""
+    return self.type in ("string", "text")
 
   @property
   def input_name(self) -> str:
@@ -138,10 +154,13 @@ def parse_schema(value: Any, *, source: str) -> Schema:
       raise UserError(f"schema {source}: feature {name!r} has type {kind!r}; expected one of "
                       f"{', '.join(FEATURE_TYPES)}")
     vocabulary = raw.get("vocabulary")
+    sequence_length = None
     if kind == "string":
       if not isinstance(vocabulary, list) or not vocabulary or not all(isinstance(v, str) for v in vocabulary):
         raise UserError(f"schema {source}: string feature {name!r} needs a non-empty 'vocabulary' of strings")
       vocabulary = tuple(vocabulary)
+    elif kind == "text":
+      vocabulary, sequence_length = _text_settings(raw, name=name, source=source)
     else:
       vocabulary = None
     shape = raw.get("shape")
@@ -178,15 +197,17 @@ def parse_schema(value: Any, *, source: str) -> Schema:
       raise UserError(f"schema {source}: feature {name!r} has std {raw.get('std')!r}; expected a positive number")
     default = raw.get("default")
     if default is not None:
-      if kind == "image" or (kind == "string") != isinstance(default, str) or (
+      textual = kind in ("string", "text")
+      if kind == "image" or textual != isinstance(default, str) or (
           kind in ("float", "int") and not _is_number(default)):
         raise UserError(f"schema {source}: feature {name!r} ({kind}) has default {default!r}; expected "
-                        f"{'a string' if kind == 'string' else 'a number'} (images take no default)")
+                        f"{'a string' if textual else 'a number'} (images take no default)")
       if kind == "int" and default != int(default):
         raise UserError(f"schema {source}: int feature {name!r} has default {default!r}; expected an integer")
       default = int(default) if kind == "int" else float(default) if kind == "float" else default
     features.append(Feature(name=name, type=kind, vocabulary=vocabulary, shape=shape, mean=mean, std=std,
-                            default=default, encoding=encoding, max_value=max_value))
+                            default=default, encoding=encoding, max_value=max_value,
+                            sequence_length=sequence_length))
   raw_label = value["label"]
   if not isinstance(raw_label, dict) or not isinstance(raw_label.get("name"), str):
     raise UserError(f"schema {source}: 'label' needs a 'name'")
@@ -232,6 +253,24 @@ def parse_schema(value: Any, *, source: str) -> Schema:
                       f"{feature.input_name!r}; rename one")
   return Schema(features=tuple(features), label=Label(raw_label["name"], label_type, num_classes, label_vocabulary),
                 csv_columns=csv_columns)
+
+
+def _text_settings(raw: dict[str, Any], *, name: str, source: str) -> tuple[tuple[str, ...], int]:
+  """A text feature's token vocabulary and sequence length, checked."""
+  vocabulary = raw.get("vocabulary")
+  if (not isinstance(vocabulary, list) or not vocabulary or not all(isinstance(v, str) for v in vocabulary)
+      or len(set(vocabulary)) != len(vocabulary)):
+    raise UserError(f"schema {source}: text feature {name!r} needs a 'vocabulary': a non-empty list of distinct "
+                    "tokens (python -m trainer.schema_inference writes one from the data)")
+  bad = [token for token in vocabulary if token in RESERVED_TOKENS or token != token.strip() or " " in token]
+  if bad:
+    raise UserError(f"schema {source}: text feature {name!r} has vocabulary entry {bad[0]!r}; tokens hold no "
+                    f"whitespace, and {RESERVED_TOKENS[1]!r} and '' are reserved (out of vocabulary, padding)")
+  sequence_length = raw.get("sequence_length", DEFAULT_SEQUENCE_LENGTH)
+  if not isinstance(sequence_length, int) or isinstance(sequence_length, bool) or sequence_length < 1:
+    raise UserError(f"schema {source}: text feature {name!r} has sequence_length {sequence_length!r}; expected a "
+                    "positive integer")
+  return tuple(vocabulary), sequence_length
 
 
 def safe_name(column: str) -> str:

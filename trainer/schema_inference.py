@@ -14,7 +14,9 @@ is built. Per column:
   a fixed-length list of N is one feature of shape [N]; a constant column is left out.
 - text: categorical over the values seen at least `--vocab_min_count` times (at most `--max_vocab_size`, most
   frequent first); the rest map to the out-of-vocabulary id, and so does a missing value. A column whose values
-  are mostly unique (an id, free text) is left out.
+  are mostly unique, or more than 1,000 distinct ones, is free text when they average 3 or more words (a `text` feature: its vocabulary the words
+  seen `--vocab_min_count`+ times, its sequence_length the 95th percentile of words per value), else an id,
+  left out with a warning that says how to use it.
 - PNG/JPEG bytes (an Example's bytes, `{"b64": ...}` in JSON): an image of the most common size, 255 as max value;
   fixed-length raw uint8 bytes: a square image (1 or 3 channels) with the sample's largest byte as max value.
 - the label: text -> classification over its sorted values; whole numbers >= 0 with at most 20 distinct values ->
@@ -32,11 +34,16 @@ import struct
 from typing import Any
 
 from trainer import config as config_lib
+from trainer import feature_kinds
 from trainer import formats
 from trainer import schema as schema_lib
 from trainer.errors import UserError
 
 MAX_CLASSES_GUESSED = 20
+TEXT_MIN_WORDS = 3.0  # mostly unique values averaging this many words are free text, fewer an id
+# Values of 3+ words that repeat (duplicated rows, stock phrases) are still free text past this many distinct ones.
+_MAX_CATEGORIES_OF_WORDS = 1000
+_MAX_SEQUENCE_LENGTH = 512
 _SAMPLED_FILES = 16
 _MAX_FILES_READ = 64
 _MAX_DISTINCT = 1000
@@ -113,8 +120,20 @@ def sample_records(files: list[str], source: formats.Source, *, limit: int, flag
 
 
 def infer_schema(files: list[str], source: formats.Source, config: InferenceConfig, *, flag: str,
-                 log=print) -> schema_lib.Schema:
-  """A validated `Schema` for `files`, inferred from a sample; `log` receives one line per decision."""
+                 log=print, warn=None) -> schema_lib.Schema:
+  """A validated `Schema` for `files`, inferred from a sample; `log` receives one line per decision, `warn` (else
+  `log`) the decisions that leave a column out that a user may want in."""
+  warn = warn or log
+  if source.format == "parquet":
+    from trainer import parquet  # pylint: disable=g-import-not-at-top
+
+    unreadable = {name: kind for name, kind in parquet.unreadable_columns(files[0], flag=flag).items()
+                  if name != config.label}
+    if unreadable:
+      name, kind = next(iter(unreadable.items()))
+      raise UserError(f"{flag}: {files[0]}: column {name!r} is Parquet type {kind}, which no schema type holds "
+                      f"({len(unreadable)} such column(s): {', '.join(unreadable)}); cast it to a number or string "
+                      "before writing (e.g. a timestamp to epoch seconds), or give a schema.json without it")
   records = sample_records(files, source, limit=config.sample_rows, flag=flag)
   names = list(source.columns) if source.columns else _names_in_order(records)
   if source.format == "tfrecord":
@@ -131,7 +150,10 @@ def infer_schema(files: list[str], source: formats.Source, config: InferenceConf
   for name in names:
     if name == config.label:
       continue
-    feature = _feature(columns[name], source.format, config, log=log)
+    if name.startswith(formats.VERTEX_METADATA_PREFIXES):
+      log(f"schema inference: {name!r} left out: it describes the data item in Vertex's export, not its content")
+      continue
+    feature = _feature(columns[name], source.format, config, log=log, warn=warn)
     if feature is not None:
       features.append(feature)
   if not features:
@@ -183,8 +205,10 @@ def _observe(column: _Column, value: Any, where: str, data_format: str, *, flag:
       column.kinds["text"] += 1
       column.first_text = column.first_text or (value, where)
     return
-  # JSONL
-  if isinstance(value, bool):
+  # JSONL, Parquet (pyarrow's Python values)
+  if isinstance(value, bytes):
+    _observe_bytes(column, value)
+  elif isinstance(value, bool):
     column.add_numbers([float(value)])
   elif isinstance(value, (int, float)):
     column.add_numbers([float(value)])
@@ -242,14 +266,14 @@ def image_size(data: bytes) -> tuple[int, int, int, str] | None:
   return None
 
 
-def _feature(column: _Column, data_format: str, config: InferenceConfig, *, log) -> dict[str, Any] | None:
+def _feature(column: _Column, data_format: str, config: InferenceConfig, *, log, warn) -> dict[str, Any] | None:
   name, kinds = column.name, column.kinds
   if column.present == 0:
     log(f"schema inference: {name!r} left out: no value in the sample")
     return None
   dominant = kinds.most_common(1)[0][0]
   if len(kinds) > 1 and not set(kinds) <= {"number", "float_list", "int64_list"}:
-    if data_format in ("csv", "jsonl") and set(kinds) <= {"number", "text"}:
+    if data_format in ("csv", "jsonl", "parquet") and set(kinds) <= {"number", "text"}:
       if kinds["number"] >= _NUMERIC_SHARE * (kinds["number"] + kinds["text"]):
         value, where = column.first_text
         raise UserError(f"column {name!r} holds numbers in {kinds['number']} of {column.present} sampled records "
@@ -271,7 +295,7 @@ def _feature(column: _Column, data_format: str, config: InferenceConfig, *, log)
   if dominant == "raw_bytes":
     return _raw_image_feature(column)
   if dominant == "text":
-    return _categorical_feature(column, config, log=log)
+    return _categorical_feature(column, config, log=log, warn=warn)
   raise UserError(f"column {name!r} holds values the trainer cannot use ({column.where}): expected numbers, "
                   "text, fixed-length number arrays or PNG/JPEG bytes")
 
@@ -304,12 +328,20 @@ def _numeric_feature(column: _Column, data_format: str, *, log) -> dict[str, Any
   return feature
 
 
-def _categorical_feature(column: _Column, config: InferenceConfig, *, log) -> dict[str, Any] | None:
+def _categorical_feature(column: _Column, config: InferenceConfig, *, log, warn) -> dict[str, Any] | None:
   name, counts = column.name, column.strings
   distinct = len(counts)
-  if distinct > 100 and distinct > 0.5 * column.present:
-    log(f"schema inference: {name!r} left out: {distinct} distinct values in {column.present} records (an id "
-        "or free text, not a category)")
+  mostly_unique = distinct > 100 and distinct > 0.5 * column.present
+  if mostly_unique or distinct > _MAX_CATEGORIES_OF_WORDS:
+    words = {value: len(feature_kinds.text_tokens(value)) for value in counts}
+    mean_words = sum(words[v] * n for v, n in counts.items()) / sum(counts.values())
+    if mean_words >= TEXT_MIN_WORDS:
+      return _text_feature(column, words, mean_words, config, log=log)
+  if mostly_unique:
+    warn(f"schema inference: {name!r} left out: {distinct} distinct values in {column.present} records, "
+         f"{mean_words:.1f} word(s) each: an id, not a category or free text. To use it as text, give it "
+         f"{{\"name\": {name!r}, \"type\": \"text\"}} with a vocabulary in a schema.json (python -m "
+         "trainer.schema_inference writes one to edit)")
     return None
   kept = [value for value, count in sorted(counts.items(), key=lambda item: (-item[1], item[0]))
           if count >= config.vocab_min_count][:config.max_vocab_size]
@@ -320,6 +352,35 @@ def _categorical_feature(column: _Column, config: InferenceConfig, *, log) -> di
     log(f"schema inference: {name!r}: {len(kept)} of {distinct} values kept in the vocabulary (seen "
         f"{config.vocab_min_count}+ times); the rest map to the out-of-vocabulary id")
   return {"name": name, "type": "string", "vocabulary": kept, "default": ""}
+
+
+def _text_feature(column: _Column, words: dict[str, int], mean_words: float, config: InferenceConfig, *,
+                  log) -> dict[str, Any] | None:
+  """A `text` feature: the words seen `vocab_min_count`+ times (most frequent first, ties in order), and the
+  95th percentile of words per value (rounded up to a multiple of 8) as the sequence length."""
+  name, counts = column.name, column.strings
+  token_counts: collections.Counter = collections.Counter()
+  for value, count in counts.items():
+    for token in feature_kinds.text_tokens(value):
+      token_counts[token] += count
+  vocabulary = [token for token, count in sorted(token_counts.items(), key=lambda item: (-item[1], item[0]))
+                if count >= config.vocab_min_count and token not in schema_lib.RESERVED_TOKENS][
+                    :config.max_vocab_size]
+  if not vocabulary:
+    raise UserError(f"column {name!r} is free text ({mean_words:.1f} words per value) but no word occurs "
+                    f"{config.vocab_min_count}+ times in the sample; lower --vocab_min_count or sample more rows")
+  lengths = sorted(n for value, n in words.items() for _ in range(counts[value]))
+  percentile = lengths[min(len(lengths) - 1, int(0.95 * len(lengths)))]
+  sequence_length = min(_MAX_SEQUENCE_LENGTH, max(8, -(-percentile // 8) * 8))
+  log(f"schema inference: {name!r} is free text ({len(counts)} distinct values in {column.present} records, "
+      f"{mean_words:.1f} words on average): type text, {len(vocabulary)} of {len(token_counts)} words in its "
+      f"vocabulary (seen {config.vocab_min_count}+ times), sequence_length {sequence_length}")
+  feature: dict[str, Any] = {"name": name, "type": "text", "vocabulary": vocabulary,
+                             "sequence_length": sequence_length}
+  if column.missing:
+    feature["default"] = ""
+    log(f"schema inference: {name!r} has {column.missing} missing value(s) in the sample; they read as empty text")
+  return feature
 
 
 def _raw_image_feature(column: _Column) -> dict[str, Any]:

@@ -164,21 +164,40 @@ def remove_tree(path: str) -> None:
     pass
 
 
+def _walk_files(directory: str):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  for root, subdirs, names in tf.io.gfile.walk(directory):
+    subdirs[:] = [d for d in subdirs if not d.rstrip("/").startswith(("_", "."))]
+    for name in names:
+      yield f"{root.rstrip('/')}/{name}"
+
+
+def _hidden(path: str) -> bool:
+  return path.rsplit("/", 1)[-1].startswith(("_", "."))
+
+
 # Files beside the data that are not data: a schema written by hand or by TFX/TFDV.
 NOT_DATA = (schema_lib.SCHEMA_FILE, "schema.pbtxt")
 
 
 def list_files(pattern: str, *, flag: str) -> list[str]:
-  """Expands a file pattern; a pattern that matches nothing is a UserError naming the flag and pattern."""
+  """Expands a file pattern, or lists a folder (`gs://b/export/`, or a path that is a directory) and the folders
+  under it. Files whose names start with "_" or "." are not data (Spark's `_SUCCESS`, Hadoop's `.crc`, Beam's
+  temporaries), as Hadoop and Spark readers skip them. A pattern that matches nothing is a UserError naming the
+  flag and pattern."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   try:
-    files = sorted(tf.io.gfile.glob(pattern))
+    if pattern.endswith("/") or (not any(c in pattern for c in "*?[") and tf.io.gfile.isdir(pattern)):
+      files = sorted(_walk_files(pattern.rstrip("/")))
+    else:
+      files = sorted(tf.io.gfile.glob(pattern))
   except tf.errors.NotFoundError:
     files = []
   except tf.errors.OpError as e:
     raise UserError(f"{flag}: cannot list {pattern}: {e.message.splitlines()[0]}") from None
-  files = [f for f in files if not f.endswith("/") and f.rsplit("/", 1)[-1] not in NOT_DATA]
+  files = [f for f in files if not f.endswith("/") and not _hidden(f) and f.rsplit("/", 1)[-1] not in NOT_DATA]
   if not files:
     raise UserError(f"{flag}: no files match {pattern!r}; expected a file pattern such as "
                     "gs://bucket/data/train-*.tfrecord")

@@ -1,0 +1,158 @@
+"""Parquet as other tools write it: pandas' `to_parquet` file and a Spark-style export folder (`part-*.snappy.parquet`,
+`_SUCCESS`, `.crc` files) written by pyarrow, of scikit-learn's breast cancer data; read from the emulated bucket and
+from disk, under the default strategy and a 2-process MultiWorkerMirrored job, trained to a logistic regression
+baseline on the same split, served through TF Serving's loader; bad Parquet is one error line."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import procs
+import serving
+from scripts import stage_data
+from trainer import schema as schema_lib
+
+TIMEOUT = 240
+MARGIN = 0.04  # under the baseline's accuracy (measured: 0.965 and 0.958 against 0.958)
+
+
+@pytest.fixture(scope="module")
+def cancer(tmp_path_factory):
+  """Breast cancer as pandas and pyarrow write it, and the baseline's accuracy on the same split."""
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  from sklearn import datasets  # pylint: disable=g-import-not-at-top
+  from sklearn.linear_model import LogisticRegression  # pylint: disable=g-import-not-at-top
+  from sklearn.pipeline import make_pipeline  # pylint: disable=g-import-not-at-top
+  from sklearn.preprocessing import StandardScaler  # pylint: disable=g-import-not-at-top
+
+  data = datasets.load_breast_cancer(as_frame=True)
+  frame = data.frame.copy()
+  frame["diagnosis"] = np.asarray(data.target_names)[frame.pop("target")]
+  frame = frame.sample(frac=1, random_state=0).reset_index(drop=True)
+  train, evaluation = frame.iloc[:450], frame.iloc[450:]
+  root = tmp_path_factory.mktemp("cancer")
+  evaluation.to_parquet(root / "eval.parquet")  # pandas (pyarrow engine), with its index metadata
+  export = root / "export"
+  export.mkdir()
+  table = pa.Table.from_pandas(train, preserve_index=False)
+  for i in range(3):  # as Spark writes a DataFrame: part files, a _SUCCESS marker, hidden .crc checksums
+    name = f"part-{i:05d}-8c1f2d4e-c000.snappy.parquet"
+    pq.write_table(table.slice(i * 150, 150), export / name, compression="snappy")
+    (export / f".{name}.crc").write_bytes(b"crc\0")
+  (export / "_SUCCESS").write_bytes(b"")
+  features = [c for c in frame.columns if c != "diagnosis"]
+  baseline = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000)).fit(train[features],
+                                                                                     train["diagnosis"])
+  accuracy = float(np.mean(baseline.predict(evaluation[features]) == evaluation["diagnosis"]))
+  return {"root": root, "eval": evaluation, "baseline": accuracy, "features": features}
+
+
+def _assert_trained_and_serves(model_dir, cancer) -> None:
+  with open(os.path.join(model_dir, "eval_metrics.json")) as f:
+    metrics = json.load(f)
+  assert metrics["eval_examples"] == len(cancer["eval"])
+  assert metrics["eval_accuracy"] >= cancer["baseline"] - MARGIN, (metrics, cancer["baseline"])
+  rows = cancer["eval"].iloc[:50]
+  instances = [{schema_lib.safe_name(k): float(row[k]) for k in cancer["features"]} for _, row in rows.iterrows()]
+  predictions = serving.serve_instances(str(model_dir), instances)
+  assert np.mean([p["class_name"] == y for p, y in zip(predictions, rows["diagnosis"])]) >= cancer["baseline"] - 0.1
+
+
+def test_a_spark_export_folder_on_the_bucket(cancer, gcs, tmp_path):
+  base = "gs://test-bucket/parquet-cancer"
+  stage_data.upload_tree(str(cancer["root"]), base)
+  out = "gs://test-bucket/runs/parquet"
+  result = procs.run_trainer([f"--train_data={base}/export/", f"--eval_data={base}/eval.parquet",
+                              "--label=diagnosis", f"--output_dir={out}", "--train_steps=400",
+                              "--global_batch_size=32"], env=gcs.env, timeout=TIMEOUT)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "--train_data: 3 file(s) of Parquet" in result.stderr  # _SUCCESS and the .crc files are not data
+  local = tmp_path / "model"
+  serving_dir = _download(f"{out}/model", local)
+  _assert_trained_and_serves(serving_dir, cancer)
+
+
+def _download(source: str, target) -> str:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  for root, _, files in tf.io.gfile.walk(source):
+    relative = root[len(source):].strip("/")
+    os.makedirs(os.path.join(target, relative), exist_ok=True)
+    for name in files:
+      tf.io.gfile.copy(f"{root.rstrip('/')}/{name}", os.path.join(target, relative, name), overwrite=True)
+  return str(target)
+
+
+@pytest.mark.long
+def test_parquet_on_a_two_process_multi_worker_job(cancer, tmp_path):
+  root = cancer["root"]
+  out = tmp_path / "out"
+  args = [f"--train_data={root}/export", f"--eval_data={root}/eval.parquet", "--label=diagnosis",
+          f"--output_dir={out}", "--train_steps=300", "--global_batch_size=32", "--checkpoint_every_steps=300"]
+  chief, worker = procs.addresses(2)
+  cluster = {"chief": [chief], "worker": [worker]}
+  with procs.cluster(str(tmp_path)) as c:
+    c.start("chief", args, {"TF_CONFIG": procs.tf_config(cluster, "chief", 0)})
+    c.start("worker", args, {"TF_CONFIG": procs.tf_config(cluster, "worker", 0)})
+    codes = c.wait(["chief", "worker"], TIMEOUT)
+    assert codes == {"chief": 0, "worker": 0}, c.log("chief")[-3000:] + c.log("worker")[-3000:]
+  with open(out / "model" / "eval_metrics.json") as f:
+    assert json.load(f)["num_replicas"] == 2
+  _assert_trained_and_serves(out / "model", cancer)
+
+
+def _errors(result) -> list[str]:
+  return [line for line in result.stderr.splitlines() if line.startswith("error:")]
+
+
+def test_parquet_under_parameter_servers_is_refused_in_one_line(cancer, tmp_path):
+  chief, worker, ps = procs.addresses(3)
+  cluster = {"chief": [chief], "worker": [worker], "ps": [ps]}
+  out = tmp_path / "out"
+  result = procs.run_trainer([f"--train_data={cancer['root']}/export/", "--label=diagnosis", f"--output_dir={out}"],
+                             env={"TF_CONFIG": procs.tf_config(cluster, "chief", 0)}, timeout=TIMEOUT)
+  assert result.returncode == 2, result.stderr[-3000:]
+  errors = _errors(result)
+  assert len(errors) == 1 and errors[0].startswith(
+      "error: Parquet cannot be read under ParameterServerStrategy") and "pd.read_parquet(path).to_csv" in errors[0]
+  assert not (out / "model").exists()
+
+
+def test_bad_parquet_is_one_line_and_nothing_written(tmp_path):
+  frame = pd.DataFrame({"amount": np.arange(300, dtype=float), "label": np.arange(300) % 2})
+  stamped = frame.assign(when=pd.date_range("2026-01-01", periods=300, freq="h"))
+  stamped.to_parquet(tmp_path / "stamped.parquet")
+  nulls = frame.astype({"amount": object})
+  nulls.loc[250, "amount"] = None
+  (tmp_path / "nulls").mkdir()
+  nulls.astype({"amount": float}).to_parquet(tmp_path / "nulls" / "train.parquet")
+  (tmp_path / "nulls" / "schema.json").write_text(json.dumps({
+      "features": [{"name": "amount", "type": "float"}], "label": {"name": "label", "type": "int", "num_classes": 2}}))
+  (tmp_path / "typed").mkdir()
+  frame.assign(amount=frame["amount"].astype(str) + " EUR").to_parquet(tmp_path / "typed" / "train.parquet")
+  (tmp_path / "typed" / "schema.json").write_text((tmp_path / "nulls" / "schema.json").read_text())
+  cases = [
+      ([f"--train_data={tmp_path}/stamped.parquet", "--label=label"],
+       rf"^error: --train_data: {tmp_path}/stamped.parquet: column 'when' is Parquet type timestamp\[.*\], which no "
+       r"schema type holds .*cast it to a number or string"),
+      ([f"--train_data={tmp_path}/typed/train.parquet"],
+       rf"^error: --train_data: {tmp_path}/typed/train.parquet: column 'amount' is Parquet type (large_)?string, which "
+       r"cannot hold the schema's float; expected numbers"),
+      ([f"--train_data={tmp_path}/nulls/train.parquet", "--shuffle_buffer=0", "--global_batch_size=10"],
+       rf"^error: --train_data: {tmp_path}/nulls/train.parquet row 251: column 'amount' is empty and the schema "
+       r"gives it no default$"),
+  ]
+  for args, pattern in cases:
+    out = tmp_path / "out"
+    result = procs.run_trainer([*args, f"--output_dir={out}", "--train_steps=40"], timeout=TIMEOUT)
+    assert result.returncode == 2, (args, result.stderr[-3000:])
+    errors = _errors(result)
+    assert len(errors) == 1 and re.match(pattern, errors[0]), (pattern, result.stderr[-3000:])
+    assert not (out / "model").exists()
