@@ -95,7 +95,8 @@ def test_parquet_on_a_two_process_multi_worker_job(cancer, tmp_path):
   root = cancer["root"]
   out = tmp_path / "out"
   args = [f"--train_data={root}/export", f"--eval_data={root}/eval.parquet", "--label=diagnosis",
-          f"--output_dir={out}", "--train_steps=300", "--global_batch_size=32", "--checkpoint_every_steps=300"]
+          f"--output_dir={out}", "--train_steps=300", "--global_batch_size=32", "--checkpoint_every_steps=300",
+          f"--test_data={root}/eval.parquet"]
   chief, worker = procs.addresses(2)
   cluster = {"chief": [chief], "worker": [worker]}
   with procs.cluster(str(tmp_path)) as c:
@@ -104,7 +105,10 @@ def test_parquet_on_a_two_process_multi_worker_job(cancer, tmp_path):
     codes = c.wait(["chief", "worker"], TIMEOUT)
     assert codes == {"chief": 0, "worker": 0}, c.log("chief")[-3000:] + c.log("worker")[-3000:]
   with open(out / "model" / "eval_metrics.json") as f:
-    assert json.load(f)["num_replicas"] == 2
+    metrics = json.load(f)
+  # The test split (here the eval file again) is one exact pass across both workers, like evaluation.
+  assert metrics["num_replicas"] == 2 and metrics["test_examples"] == len(cancer["eval"])
+  assert metrics["test_accuracy"] == pytest.approx(metrics["eval_accuracy"])
   _assert_trained_and_serves(out / "model", cancer)
 
 

@@ -33,6 +33,7 @@ class Environment:
   aip_tensorboard_log_dir: str | None = None
   aip_training_data_uri: str | None = None
   aip_validation_data_uri: str | None = None
+  aip_test_data_uri: str | None = None
   aip_data_format: str | None = None
   job_id: str | None = None
   tpu_name: str | None = None
@@ -52,6 +53,7 @@ class Environment:
         aip_tensorboard_log_dir=get("AIP_TENSORBOARD_LOG_DIR"),
         aip_training_data_uri=get("AIP_TRAINING_DATA_URI"),
         aip_validation_data_uri=get("AIP_VALIDATION_DATA_URI"),
+        aip_test_data_uri=get("AIP_TEST_DATA_URI"),
         aip_data_format=get("AIP_DATA_FORMAT"),
         job_id=get("CLOUD_ML_JOB_ID"),
         tpu_name=get("TPU_NAME"),
@@ -68,6 +70,7 @@ class DataConfig:
   shuffle_buffer: int = 10_000
   deterministic: bool = False
   schema_given: bool = False  # --schema was passed: it must exist
+  test_pattern: str | None = None  # evaluated once after training, reported as test_* (--test_data)
   vertex_format: str | None = None  # AIP_DATA_FORMAT, checked
   label: str | None = None  # --label: the label column (schema inference; checked against a given schema)
   task: str = "auto"

@@ -22,8 +22,9 @@ BEST_DIR = "best"  # under the checkpoint dir: the best evaluation's weights and
 BEST_FILE = "best.json"
 
 
-def evaluate(job, model, objective: objective_lib.Objective) -> dict[str, float]:
-  """Loss and accuracy (or MAE) over one pass of the eval data (or --eval_steps batches); {} when skipped.
+def evaluate(job, model, objective: objective_lib.Objective, *, split: str = "eval") -> dict[str, float]:
+  """Loss and accuracy (or MAE) over one pass of the eval data (or --eval_steps batches), or of the test data
+  (`split="test"`: always exactly one pass); {} when there is none.
 
   Every example counts once, the partial last batch included, under every strategy: `examples` is the true
   count. The sums are reduced across replicas (and workers) before dividing, so the metrics are exact means.
@@ -36,7 +37,9 @@ def evaluate(job, model, objective: objective_lib.Objective) -> dict[str, float]
   Returns:
     {"loss", "accuracy" or "mae", "examples"}, or {} without eval data or with --eval_steps=0.
   """
-  if not job.eval_files or job.config.train.eval_steps == 0:
+  if split == "eval" and (not job.eval_files or job.config.train.eval_steps == 0):
+    return {}
+  if split == "test" and not job.test_files:
     return {}
   names = models.input_names(model)
 
@@ -44,13 +47,13 @@ def evaluate(job, model, objective: objective_lib.Objective) -> dict[str, float]
     return objective.batch_sums(labels, model(models.select_inputs(features, names), training=False))
 
   with job.reading_data():
-    sums, batches = _eval_pass(job, objective, batch_sums)
+    sums, batches = _eval_pass(job, objective, batch_sums, split=split)
   metrics = objective.finalize(sums.numpy())
-  logging.info("Eval over %d batches: %s", batches, metrics)
+  logging.info("%s over %d batches: %s", "Eval" if split == "eval" else "Test", batches, metrics)
   return metrics
 
 
-def _eval_pass(job, objective: objective_lib.Objective, batch_sums):
+def _eval_pass(job, objective: objective_lib.Objective, batch_sums, *, split: str):
   """The summed metrics over the eval data and the number of batches (per process)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -59,7 +62,7 @@ def _eval_pass(job, objective: objective_lib.Objective, batch_sums):
     # Inline evaluation on the coordinator: variables are read from the parameter servers.
     eval_batch = tf.function(batch_sums)
     sums, batches = tf.zeros([objective.num_sums]), 0
-    for features, labels in job.dataset_fn("eval")(None):
+    for features, labels in job.dataset_fn(split)(None):
       sums += eval_batch(features, labels)
       batches += 1
     return sums, batches
@@ -73,7 +76,7 @@ def _eval_pass(job, objective: objective_lib.Objective, batch_sums):
       steps += 1
     return total, steps
 
-  sums, batches = eval_pass(strategy.distribute_datasets_from_function(job.dataset_fn("eval")))
+  sums, batches = eval_pass(strategy.distribute_datasets_from_function(job.dataset_fn(split)))
   return sums, int(batches)
 
 

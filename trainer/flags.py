@@ -26,6 +26,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                       "Default: $AIP_TRAINING_DATA_URI.", **fv)
   flags.DEFINE_string("eval_data", None, "Evaluation file pattern. Default: $AIP_VALIDATION_DATA_URI; "
                       "none skips evaluation.", **fv)
+  flags.DEFINE_string("test_data", None, "Test file pattern, evaluated once after training (exactly one pass) and "
+                      "reported as test_* beside the eval_* metrics. Default: $AIP_TEST_DATA_URI.", **fv)
   flags.DEFINE_enum("data_format", "auto", config_lib.DATA_FORMATS, "Format of the data files; auto: from "
                     "$AIP_DATA_FORMAT, else the file extension, else the content. Compression (gzip, zlib) is read "
                     "from the files.", **fv)
@@ -139,6 +141,8 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment) -> 
   vertex_format = _vertex_data_format(env, values.data_format, train_pattern)
   train_pattern = paths.normalize_path(train_pattern)
   eval_pattern = paths.normalize_path(eval_pattern) if eval_pattern else None
+  test_pattern = values.test_data or env.aip_test_data_uri
+  test_pattern = paths.normalize_path(test_pattern) if test_pattern else None
   schema_path = values.schema or _default_schema_path(train_pattern)
 
   output_dir = paths.normalize_path(values.output_dir) if values.output_dir else None
@@ -160,6 +164,7 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment) -> 
       data=config_lib.DataConfig(
           train_pattern=train_pattern,
           eval_pattern=eval_pattern,
+          test_pattern=test_pattern,
           schema_path=paths.normalize_path(schema_path),
           format=values.data_format,
           shuffle_buffer=values.shuffle_buffer,

@@ -74,12 +74,17 @@ class Job:
   def is_chief(self) -> bool:
     return self.role.is_chief
 
+  @property
+  def test_files(self) -> list[str]:
+    return self.inputs.test_files
+
   def dataset_fn(self, split: str, *, select: list[str] | None = None) -> Callable:
-    """`dataset_fn(input_context)` for `split`: training data repeats; eval data is one pass (or --eval_steps
-    batches) with the last batch partial. `select` keeps only the model's inputs (Keras `fit` wants that)."""
+    """`dataset_fn(input_context)` for `split` ("train", "eval", "test"): training data repeats; eval data is one
+    pass (or --eval_steps batches) with the last batch partial, test data exactly one pass. `select` keeps only the
+    model's inputs (Keras `fit` wants that)."""
     cfg = self.config
     training = split == "train"
-    files = self.train_files if training else self.eval_files
+    files = self.inputs.files(split)
     return input_pipeline.make_dataset_fn(
         files, self.schema, source=self.sources[split], global_batch_size=cfg.train.global_batch_size,
         training=training, shuffle_buffer=cfg.data.shuffle_buffer,
@@ -87,7 +92,7 @@ class Job:
         # refuses --deterministic_input there, since asynchronous updates are not reproducible anyway).
         seed=None if self.choice.parameter_server else cfg.train.seed,
         select=select, deterministic=cfg.data.deterministic,
-        max_batches=None if training else cfg.train.eval_steps)
+        max_batches=cfg.train.eval_steps if split == "eval" else None)
 
 
 @dataclasses.dataclass
@@ -98,6 +103,7 @@ class TrainResult:
   examples_per_sec: float | None
   eval_metrics: dict[str, float]
   model: Any = None
+  test_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # --test_data, once after training
 
 
 def build_job(config: config_lib.Config, plan: plan_lib.Plan, inputs: preflight.Inputs, strategy: Any, *,

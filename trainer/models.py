@@ -381,8 +381,21 @@ def build_tabular(schema: schema_lib.Schema, model_config: config_lib.ModelConfi
     x = layers.Dense(units, activation="relu")(x)
     if model_config.dropout:
       x = layers.Dropout(model_config.dropout)(x)
-  outputs = layers.Dense(output_units(schema), name="output", dtype="float32")(x)  # float32 under mixed policies
+  outputs = _in_label_units(layers.Dense(output_units(schema), name="output", dtype="float32")(x), schema)
   return tf.keras.Model(inputs, outputs, name="tabular")
+
+
+def _in_label_units(outputs, schema: schema_lib.Schema):
+  """A regression output scaled from the standardized label the layers learn to the label's units (the schema's
+  mean and std): the last layer starts near the mean at the label's spread, so training moves at defaults and
+  predictions are served in the label's own units. Classification logits pass unchanged. (The Dense before it is
+  float32 under mixed policies, so this is too.)"""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  label = schema.label
+  if schema.task != "regression" or label.mean is None:
+    return outputs
+  return tf.keras.layers.Rescaling(label.std or 1.0, offset=label.mean, name="label_units", dtype="float32")(outputs)
 
 
 def _bag_of_words(feature: schema_lib.Feature, text):
@@ -425,7 +438,7 @@ def build_cnn(schema: schema_lib.Schema, model_config: config_lib.ModelConfig,
     x = layers.Dense(units, activation="relu")(x)
     if model_config.dropout:
       x = layers.Dropout(model_config.dropout)(x)
-  outputs = layers.Dense(output_units(schema), name="output", dtype="float32")(x)  # float32 under mixed policies
+  outputs = _in_label_units(layers.Dense(output_units(schema), name="output", dtype="float32")(x), schema)
   return tf.keras.Model({images[0].input_name: image}, outputs, name="cnn")
 
 

@@ -73,9 +73,13 @@ class Inputs:
   schema: schema_lib.Schema
   train_files: list[str]
   eval_files: list[str]
-  sources: dict[str, formats.Source]  # "train"/"eval"
+  sources: dict[str, formats.Source]  # "train"/"eval"/"test"
   schema_origin: str = ""
   class_weights: tuple[float, ...] | None = None  # --class_weights by class id
+  test_files: list[str] = dataclasses.field(default_factory=list)  # --test_data, evaluated once after training
+
+  def files(self, split: str) -> list[str]:
+    return {"train": self.train_files, "eval": self.eval_files, "test": self.test_files}[split]
 
 
 def check_inputs(config: config_lib.Config) -> Inputs:
@@ -85,6 +89,8 @@ def check_inputs(config: config_lib.Config) -> Inputs:
   splits = {"train": ("--train_data", data_cfg.train_pattern)}
   if data_cfg.eval_pattern and config.train.eval_steps != 0:
     splits["eval"] = ("--eval_data", data_cfg.eval_pattern)
+  if data_cfg.test_pattern:
+    splits["test"] = ("--test_data", data_cfg.test_pattern)
   files, sources = {}, {}
   for split, (flag, pattern) in splits.items():
     files[split] = storage.list_files(pattern, flag=flag)
@@ -120,7 +126,7 @@ def check_inputs(config: config_lib.Config) -> Inputs:
                  ", ".join(f"{name}: {w:.4g}" for name, w in zip(schema.label.vocabulary or range(len(class_weights)),
                                                                  class_weights)))
   return Inputs(schema=schema, train_files=files["train"], eval_files=files.get("eval", []), sources=sources,
-                schema_origin=origin, class_weights=class_weights)
+                schema_origin=origin, class_weights=class_weights, test_files=files.get("test", []))
 
 
 def _label_values(files: list[str], source: formats.Source, schema: schema_lib.Schema, *, limit: int):
@@ -335,8 +341,8 @@ def find_bad_record(inputs: Inputs, *, budget_secs: float = 120.0) -> str | None
   import time  # pylint: disable=g-import-not-at-top
 
   deadline = time.monotonic() + budget_secs
-  for flag, split, files in (("--train_data", "train", inputs.train_files), ("--eval_data", "eval",
-                                                                              inputs.eval_files)):
+  for flag, split, files in (("--train_data", "train", inputs.train_files),
+                             ("--eval_data", "eval", inputs.eval_files), ("--test_data", "test", inputs.test_files)):
     for path in files:
       try:
         for where, record in formats.iter_records(path, inputs.sources[split], flag=flag):

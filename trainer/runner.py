@@ -151,6 +151,7 @@ def _build_and_train(config: config_lib.Config, env: config_lib.Environment, pla
       "num_replicas": strategy.num_replicas_in_sync,
       "weights_sha256": weights_digest(result.model),
       **{f"eval_{k}": v for k, v in result.eval_metrics.items()},
+      **{f"test_{k}": v for k, v in result.test_metrics.items()},
   }
   exported = export.publish(result.model, schema, config.output.model_dir, is_chief=role.is_chief,
                             run_record=run_record, metrics=metrics)

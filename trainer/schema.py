@@ -28,7 +28,8 @@ Optional keys, all also written by schema inference (`python -m trainer.schema_i
   `"sequence_length"` (default 64): the tokens a sequence model keeps per example. The built-in models read the
   text as a bag of these words; a plug-in gets the raw string and builds its own
   `TextVectorization(vocabulary=feature.vocabulary, output_sequence_length=feature.sequence_length)`.
-- on the label: `"type": "string"` with a `"vocabulary"` of class names (class i is vocabulary entry i).
+- on the label: `"type": "string"` with a `"vocabulary"` of class names (class i is vocabulary entry i); on a
+  regression label, `"mean"` and `"std"`: the built-in models learn the standardized label and serve its units.
 - `"columns"`: every CSV column in file order, for CSV files without a header row.
 
 A TFX / TensorFlow Data Validation schema (`schema.pbtxt`, tensorflow_metadata's `Schema` proto) is read too
@@ -102,6 +103,8 @@ class Label:
   type: str
   num_classes: int | None = None
   vocabulary: tuple[str, ...] | None = None  # a string label: class i is vocabulary[i]
+  mean: float | None = None  # a regression label: the built-in models predict (y - mean) / std, serve y
+  std: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,7 +254,15 @@ def parse_schema(value: Any, *, source: str) -> Schema:
     if other != feature.name:
       raise UserError(f"schema {source}: features {other!r} and {feature.name!r} both become the model input "
                       f"{feature.input_name!r}; rename one")
-  return Schema(features=tuple(features), label=Label(raw_label["name"], label_type, num_classes, label_vocabulary),
+  label_mean = _stat(raw_label.get("mean"), 1, name=raw_label["name"], key="mean", source=source)
+  label_std = _stat(raw_label.get("std"), 1, name=raw_label["name"], key="std", source=source)
+  if (label_mean is not None or label_std is not None) and (num_classes is not None or label_type != "float"):
+    raise UserError(f"schema {source}: label {raw_label['name']!r} has mean/std, which only a regression label "
+                    "(type float) takes")
+  if label_std is not None and label_std <= 0:
+    raise UserError(f"schema {source}: label {raw_label['name']!r} has std {label_std!r}; expected a positive number")
+  return Schema(features=tuple(features), label=Label(raw_label["name"], label_type, num_classes, label_vocabulary,
+                                                      label_mean, label_std),
                 csv_columns=csv_columns)
 
 

@@ -432,7 +432,13 @@ def _label(column: _Column, data_format: str, task: str, *, flag: str, log) -> d
   if data_format == "tfrecord" and column.kinds["int64_list"]:
     raise UserError(f"{flag}: label {name!r} is an int64_list; a regression label must be a float_list "
                     "(or pass --task=classification)")
-  return {"name": name, "type": "float"}
+  count = column.lengths[1]
+  mean = column.sums[0] / count
+  std = math.sqrt(max(0.0, column.squares[0] / count - mean * mean))
+  label: dict[str, Any] = {"name": name, "type": "float", "mean": round(mean, 6)}
+  if std > 1e-12:
+    label["std"] = round(std, 6)
+  return label
 
 
 def _label_range(column: _Column) -> tuple[float, float, int]:

@@ -82,8 +82,10 @@ class TrainingSession:
     if final_step < self.job.train_steps:
       self.keeper.save(final_step)  # stopped early: a restart finds the run done at this step
     eval_metrics = self._final_evaluation(final_step)
+    test_metrics = self._test_evaluation(final_step)
     return TrainResult(final_step=final_step, resumed_from_step=self.start_step, train_loss=train_loss,
-                       examples_per_sec=self.log.examples_per_sec, eval_metrics=eval_metrics, model=self.model)
+                       examples_per_sec=self.log.examples_per_sec, eval_metrics=eval_metrics, model=self.model,
+                       test_metrics=test_metrics)
 
   def close(self) -> None:
     if self.periodic is not None:
@@ -115,6 +117,16 @@ class TrainingSession:
       logging.info("This run stopped early at step %d (%s): it trains no further; evaluating and exporting",
                    periodic.best.stopped_at, evaluation.BEST_FILE)
     return periodic
+
+  def _test_evaluation(self, final_step: int) -> dict[str, float]:
+    """One pass over --test_data with the weights that will be exported (never seen by early stopping or
+    --export=best, which look at the eval data only)."""
+    if not self.job.test_files:
+      return {}
+    self.job.peers_moved("the test pass")
+    metrics = evaluation.evaluate(self.job, self.model, self.objective, split="test")
+    self.writer.write("test", final_step, metrics)
+    return metrics
 
   def _final_evaluation(self, final_step: int) -> dict[str, float]:
     """The metrics of the weights that will be exported: the best evaluation's under --export=best, the
