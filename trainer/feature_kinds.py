@@ -64,6 +64,13 @@ class Kind:
     """The model input for a batch of parsed values (`table`: the feature's vocabulary lookup, if any)."""
     raise NotImplementedError
 
+  def load(self, feature: schema_lib.Feature, value):
+    """The value a request would carry for a batch of parsed values: for a `uri` feature, the files' bytes (read
+    in the input pipeline only: serving takes the value itself); else the values unchanged."""
+    if not feature.uri:
+      return value
+    return read_files(value, check_image=feature.type == "image", name=feature.name)
+
 
 _NUMBER = {"type": "number", "format": "float"}
 
@@ -177,7 +184,7 @@ class Image(Kind):
     return [value if isinstance(value, bytes) else value.tobytes()]
 
   def json_kind(self, feature):
-    return "image"
+    return "string" if feature.uri else "image"
 
   def model_input(self, feature):
     return Spec(tuple(feature.shape), "float32")
@@ -206,6 +213,34 @@ class Image(Kind):
     return tf.cast(value, tf.float32)
 
 
+# The first bytes of the image files decode_image reads: PNG, JPEG, GIF, BMP.
+_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF8", b"BM")
+
+
+def read_files(uris, *, check_image: bool, name: str):
+  """The bytes of each file a batch of URIs names (gs://, /gcs/ read as gs://, local), read in parallel in the
+  graph. A missing file fails with TensorFlow's NotFoundError naming it; an image file that is not PNG, JPEG, GIF
+  or BMP fails a data check naming it (decode_image's own error does not)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  from trainer import features as features_lib  # pylint: disable=g-import-not-at-top
+
+  uris = tf.strings.regex_replace(uris, "^/gcs/", "gs://")
+  contents = tf.map_fn(tf.io.read_file, uris, fn_output_signature=tf.string, parallel_iterations=32)
+  if not check_image:
+    return contents
+  known = [tf.equal(tf.strings.substr(contents, 0, len(magic)), magic) for magic in _IMAGE_MAGIC]
+  bad = tf.logical_not(tf.reduce_any(tf.stack(known), axis=0))
+  check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [
+      f"{features_lib.CHECK_PREFIX} {URI_PROBLEM} column {name!r} names a file that is not a PNG, JPEG, GIF or "
+      "BMP image:", tf.boolean_mask(uris, bad)[:1]])
+  with tf.control_dependencies([check]):
+    return tf.identity(contents)
+
+
+URI_PROBLEM = "[uri]"  # marks a data check about a file a column names: data_errors reports it as it is
+
+
 def _decode_images(data, feature: schema_lib.Feature):
   """uint8 or float32 [batch, height, width, channels] from raw bytes or PNG/JPEG bytes (resized to the
   schema's shape where an image differs, as Keras' image_dataset_from_directory does)."""
@@ -222,7 +257,7 @@ def _decode_images(data, feature: schema_lib.Feature):
                     lambda: tf.image.resize(tf.cast(image, tf.float32), [height, width]))
     return tf.ensure_shape(image, feature.shape)
 
-  return tf.map_fn(decode, data, fn_output_signature=tf.TensorSpec(feature.shape, tf.float32))
+  return tf.map_fn(decode, data, fn_output_signature=tf.TensorSpec(feature.shape, tf.float32), parallel_iterations=32)
 
 
 KINDS: dict[str, Kind] = {"float": Numeric("float"), "int": Numeric("int"), "string": Categorical(),

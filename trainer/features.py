@@ -58,6 +58,10 @@ class FeatureEncoder:
       return tf.cast(labels, tf.int64)
     return tf.cast(labels, tf.float32)
 
+  def encode_records(self, columns):
+    """`encode` after reading the files `uri` features name (the input pipeline's path; serving takes values)."""
+    return self.encode({f.name: feature_kinds.of(f).load(f, columns[f.name]) for f in self._schema.features})
+
   def encode(self, columns):
     return {feature.input_name: feature_kinds.of(feature).encode(feature, columns[feature.name],
                                                                   table=self._tables.get(feature.name))

@@ -44,7 +44,8 @@ class Source:
   multiline: bool = False  # CSV: quoted fields hold line breaks (pandas writes free text so): read by CsvDataset
 
   def describe(self) -> str:
-    kind = {"tfrecord": "TFRecord", "csv": "CSV", "jsonl": "JSONL", "parquet": "Parquet"}[self.format]
+    kind = {"tfrecord": "TFRecord", "csv": "CSV", "jsonl": "JSONL", "parquet": "Parquet",
+            "image_folder": "images in class folders"}[self.format]
     text = f"{self.compression.lower()} {kind}" if self.compression else kind
     if self.format == "csv":
       text += (f" ({len(self.columns or ())} columns, {'a header row' if self.header else 'no header row'}"
@@ -53,6 +54,21 @@ class Source:
 
 
 TFRECORD = Source("tfrecord")
+# Image files in one folder per class (what Keras' image_dataset_from_directory reads): each file is a record of
+# two columns, the file's path and its folder's name.
+IMAGE_FOLDER = Source("image_folder")
+IMAGE_FOLDER_IMAGE, IMAGE_FOLDER_LABEL = "image", "label"
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
+
+
+def is_image_file(path: str) -> bool:
+  return path.lower().endswith(IMAGE_EXTENSIONS)
+
+
+def folder_class(path: str) -> str:
+  """The class of an image in a folder-per-class layout: the name of the folder that holds it."""
+  parts = path.rstrip("/").split("/")
+  return parts[-2] if len(parts) > 1 else ""
 # Keys of the records `iter_records` yields for a line that holds no record (checked by preflight.record_problem).
 BLANK_LINE = "\0blank line"
 FIELD_COUNT = "\0field count"
@@ -102,6 +118,8 @@ def _extension_format(path: str) -> tuple[str | None, str | None]:
 
 def resolve(files: list[str], *, requested: str, vertex_format: str | None, flag: str) -> Source:
   """The format and compression of one split's files (CSV columns are settled later, by `csv_source`)."""
+  if requested == "auto" and not vertex_format and all(is_image_file(path) for path in files):
+    return IMAGE_FOLDER
   compression = _one_compression(files, flag=flag)
   if requested != "auto":
     data_format = requested
@@ -364,6 +382,8 @@ def iter_records(path: str, source: Source, *, flag: str) -> Iterator[tuple[str,
     from trainer import parquet  # pylint: disable=g-import-not-at-top
 
     yield from parquet.iter_rows(path, flag=flag)
+  elif source.format == "image_folder":
+    yield "file", {IMAGE_FOLDER_IMAGE: path, IMAGE_FOLDER_LABEL: folder_class(path)}
   else:
     yield from _iter_examples(path, source.compression, flag=flag)
 

@@ -73,7 +73,11 @@ def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, source: form
     shard_files = num_pipelines > 1 and len(files) >= num_pipelines
     shard_records = num_pipelines > 1 and not shard_files
 
-    if source.format == "parquet":
+    if source.format == "image_folder":
+      ds = _image_folder_batches(files, batch_size=batch_size, training=training, repeat=repeat,
+                                 shuffle=training and bool(shuffle_buffer), seed=seed, num_pipelines=num_pipelines,
+                                 pipeline_id=pipeline_id, deterministic=deterministic)
+    elif source.format == "parquet":
       ds = _parquet_batches(files, schema, batch_size=batch_size, training=training, repeat=repeat,
                             shuffle=training and bool(shuffle_buffer) and not shard_records, seed=seed,
                             num_pipelines=num_pipelines, pipeline_id=pipeline_id, shard_files=shard_files)
@@ -102,19 +106,50 @@ def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, source: form
                                if input_context is not None else 1)
       ds = ds.take(max_batches * max(1, replicas_per_pipeline))
     encoder = features_lib.FeatureEncoder(schema)  # built here: ParameterServerStrategy needs tables made inside dataset_fn
-    parse = _batch_parser(schema, source, encoder, csv_layout)
-    if select is not None:
-      parse_all = parse
-      parse = lambda *batch: _select(*parse_all(*batch), select)  # pylint: disable=unnecessary-lambda-assignment
-    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic or not training)
-    if training and shuffle_buffer:
-      ds = _shuffle_parsed_batches(ds, batches_per_window=shuffle_window_batches(shuffle_buffer, batch_size),
-                                   seed=seed, deterministic=deterministic)
+    parse = _batch_parser(schema, source, csv_layout)
+
+    def encode(columns, target):
+      encoded = encoder.encode_records(columns), encoder.encode_label(target)
+      return _select(*encoded, select) if select is not None else encoded
+
+    order = dict(num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic or not training)
+    shuffle = training and shuffle_buffer
+    window = shuffle_window_batches(shuffle_buffer, batch_size) if shuffle else 0
+    if shuffle and _shuffle_before_encoding(schema):
+      # Images: shuffle the references (paths, or encoded bytes) and decode after, never a window of decoded
+      # pixels (10,000 images of 224x224x3 float32 are 6 GB).
+      ds = ds.map(parse, **order)
+      ds = _shuffle_parsed_batches(ds, batches_per_window=window, seed=seed, deterministic=deterministic)
+      ds = ds.map(encode, **order)
+    else:
+      ds = ds.map(lambda *batch: encode(*parse(*batch)), **order)
+      if shuffle:
+        # Numbers and vocabulary ids: the cheapest form to shuffle is the encoded one.
+        ds = _shuffle_parsed_batches(ds, batches_per_window=window, seed=seed, deterministic=deterministic)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
 
   return dataset_fn
+
+
+def _image_folder_batches(files, *, batch_size, training, repeat, shuffle, seed, num_pipelines, pipeline_id,
+                          deterministic):
+  """Batches of {"image": path, "label": folder name} for images in class folders: each file is one record, so
+  the file list itself is sharded and shuffled (all of it: a list of paths), and the images are read by the
+  schema's `uri` image feature when parsed."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  labels = [formats.folder_class(path) for path in files]
+  ds = tf.data.Dataset.from_tensor_slices({formats.IMAGE_FOLDER_IMAGE: files, formats.IMAGE_FOLDER_LABEL: labels})
+  if num_pipelines > 1:
+    ds = ds.shard(num_pipelines, pipeline_id)
+  if shuffle:
+    ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+  if repeat:
+    ds = ds.repeat()
+  return ds.batch(batch_size, drop_remainder=training, num_parallel_calls=tf.data.AUTOTUNE,
+                  deterministic=deterministic or not training)
 
 
 _PARQUET_CHUNK_ROWS = 65_536  # rows per call into Python: its fixed cost per call is most of the time at 1,024
@@ -140,6 +175,10 @@ def _parquet_batches(files, schema, *, batch_size, training, repeat, shuffle, se
   ds = tf.data.Dataset.from_generator(generate, output_signature=parquet.output_signature(schema))
   ds = ds.map(lambda batch: parquet.strings_from_buffers(batch, schema), num_parallel_calls=tf.data.AUTOTUNE)
   return ds.rebatch(batch_size, drop_remainder=training)
+
+
+def _shuffle_before_encoding(schema: schema_lib.Schema) -> bool:
+  return any(f.type == "image" for f in schema.features)
 
 
 def _select(features, labels, names):
@@ -220,7 +259,7 @@ def _csv_layout(schema: schema_lib.Schema, columns: tuple[str, ...]):
   defaults = []
   for _, name in ordered:
     feature = by_name.get(name)
-    text = feature.is_textual if feature else schema.label.type == "string"
+    text = (schema_lib.PARSE_DTYPES[feature.type] == "string") if feature else schema.label.type == "string"
     dtype = tf.string if text else tf.float32
     default = feature.default if feature else None
     defaults.append(tf.constant([], dtype) if default is None else tf.constant([default], dtype))
@@ -241,16 +280,16 @@ def tfrecord_parse_spec(schema: schema_lib.Schema) -> dict[str, Any]:
   return spec
 
 
-def _batch_parser(schema: schema_lib.Schema, source: formats.Source, encoder: features_lib.FeatureEncoder,
-                  csv_layout):
+def _batch_parser(schema: schema_lib.Schema, source: formats.Source, csv_layout):
+  """A batch of records -> ({column: raw tensor}, raw label): parsed and checked, not yet encoded."""
   label = schema.label
   data_format = source.format
-  if data_format == "parquet":
+  if data_format in ("parquet", "image_folder"):
 
     def parse_columns(columns):
       columns = dict(columns)
       target = columns.pop(label.name)
-      return encoder.encode(columns), encoder.encode_label(target)
+      return columns, target
 
     return parse_columns
 
@@ -262,7 +301,7 @@ def _batch_parser(schema: schema_lib.Schema, source: formats.Source, encoder: fe
     def parse_examples(serialized):
       columns = tf.io.parse_example(serialized, spec)
       target = columns.pop(label.name)
-      return encoder.encode(columns), encoder.encode_label(target)
+      return columns, target
 
     return parse_examples
 
@@ -271,7 +310,7 @@ def _batch_parser(schema: schema_lib.Schema, source: formats.Source, encoder: fe
     def parse_lines(lines):
       columns = _jsonl_columns(lines, schema)
       target = columns.pop(label.name)
-      return encoder.encode(columns), encoder.encode_label(target)
+      return columns, target
 
     return parse_lines
 
@@ -281,7 +320,7 @@ def _batch_parser(schema: schema_lib.Schema, source: formats.Source, encoder: fe
     def parse_csv_columns(*fields):  # CsvDataset's batched columns, in `names` order
       columns = dict(zip(names, fields))
       target = columns.pop(label.name)
-      return encoder.encode(columns), encoder.encode_label(target)
+      return columns, target
 
     return parse_csv_columns
 
@@ -290,7 +329,7 @@ def _batch_parser(schema: schema_lib.Schema, source: formats.Source, encoder: fe
 
     columns = dict(zip(names, tf.io.decode_csv(lines, defaults, select_cols=indices)))
     target = columns.pop(label.name)
-    return encoder.encode(columns), encoder.encode_label(target)
+    return columns, target
 
   return parse_csv
 

@@ -36,9 +36,10 @@ def validate_schema_for_format(schema: schema_lib.Schema, source: formats.Source
 
     parquet.check_types(files[0], schema, flag=flag)
   if source.format == "csv":
-    images = [f.name for f in schema.features if f.type == "image"]
+    images = [f.name for f in schema.features if f.type == "image" and not f.uri]
     if images:
-      raise UserError(f"{flag}: CSV cannot hold image feature(s) {', '.join(images)}; use TFRecord or JSONL")
+      raise UserError(f"{flag}: CSV cannot hold image feature(s) {', '.join(images)}; use TFRecord or JSONL, or "
+                      "image URIs (\"uri\": true)")
     lists = [f.name for f in schema.features if f.values_per_example > 1]
     if lists:
       raise UserError(f"{flag}: CSV cannot hold multi-valued feature(s) {', '.join(lists)}; use TFRecord or JSONL")
@@ -56,6 +57,8 @@ def count_records(files: list[str], source: formats.Source) -> int:
     from trainer import parquet  # pylint: disable=g-import-not-at-top
 
     return sum(parquet.num_rows(path, flag="--train_data") for path in files)
+  if source.format == "image_folder":
+    return len(files)
   if source.format == "tfrecord":
     ds = tf.data.TFRecordDataset(files, compression_type=source.compression, num_parallel_reads=tf.data.AUTOTUNE)
   else:
@@ -96,6 +99,9 @@ def check_inputs(config: config_lib.Config) -> Inputs:
     files[split] = storage.list_files(pattern, flag=flag)
     sources[split] = formats.resolve(files[split], requested=data_cfg.format, vertex_format=data_cfg.vertex_format,
                                      flag=flag)
+  if data_cfg.label is None and sources["train"].format == "image_folder":
+    data_cfg = dataclasses.replace(data_cfg, label=formats.IMAGE_FOLDER_LABEL)
+    config = dataclasses.replace(config, data=data_cfg)
   if data_cfg.label is None:
     vertex_label = formats.vertex_export_label(files["train"][0], sources["train"], flag="--train_data")
     if vertex_label:
@@ -275,6 +281,15 @@ def _value_problem(name, kind, value, feature, label, source) -> str | None:
   import base64  # pylint: disable=g-import-not-at-top
 
   what = "feature" if source.format == "tfrecord" else "column"
+  if feature is not None and feature.uri:
+    if isinstance(value, bytes):
+      try:
+        value = value.decode("utf-8")
+      except UnicodeDecodeError:
+        return f"{what} {name!r} is not a UTF-8 URI"
+    if not isinstance(value, str) or not value.strip():
+      return f"{what} {name!r} holds {str(value)[:40]!r}; the schema says it names a file (a gs:// URI or a path)"
+    return None
   if kind == "image":
     if source.format == "parquet" and not isinstance(value, bytes):
       return f"column {name!r} holds {str(value)[:40]!r}; an image is binary (bytes) in Parquet"

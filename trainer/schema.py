@@ -20,6 +20,8 @@ Optional keys, all also written by schema inference (`python -m trainer.schema_i
 - `"shape": [N]` on a numeric feature: N values per example (a `float_list` of N, a JSON array of N).
 - `"default"`: the value a missing field takes (an empty CSV cell, an absent JSON key or Example feature).
   Without it a missing value is an error that names the file, record and column.
+- on an image or text: `"uri": true`: the column holds the file's URI (gs://, /gcs/, or a local path), whose bytes
+  are read in the input pipeline (an image PNG/JPEG/GIF/BMP: `encoding` png or jpeg). Served as the value itself.
 - on an image: `"encoding": "raw" | "png" | "jpeg"` (default raw: uint8 bytes of `shape`; png/jpeg are decoded
   in the pipeline and resized to `shape` when they differ) and `"max_value"`: the pixel value that scales to
   1.0 (default 255; digits scanned 0..16 want 16).
@@ -72,6 +74,7 @@ class Feature:
   encoding: str | None = None  # images only
   max_value: float | None = None  # images only
   sequence_length: int | None = None  # text only: tokens kept per example by a sequence model
+  uri: bool = False  # images and text: the column holds the URI of a file whose bytes are the value
 
   @property
   def is_categorical(self) -> bool:
@@ -128,7 +131,7 @@ class Schema:
   def to_dict(self) -> dict[str, Any]:
     def clean(obj):
       return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(obj).items()
-              if v is not None}
+              if v is not None and not (k == "uri" and v is False)}
 
     value = {"features": [clean(f) for f in self.features], "label": clean(self.label)}
     if self.csv_columns:
@@ -198,6 +201,12 @@ def parse_schema(value: Any, *, source: str) -> Schema:
     std = _stat(raw.get("std"), size, name=name, key="std", source=source)
     if std is not None and not all(s > 0 for s in (std if isinstance(std, tuple) else (std,))):
       raise UserError(f"schema {source}: feature {name!r} has std {raw.get('std')!r}; expected a positive number")
+    uri = raw.get("uri", False)
+    if uri not in (True, False) or (uri and kind not in ("image", "text")):
+      raise UserError(f"schema {source}: feature {name!r} ({kind}) has uri {uri!r}; only image and text features "
+                      "take \"uri\": true (the column holds file URIs)")
+    if uri and kind == "image" and encoding == "raw":
+      encoding = "jpeg"  # files are encoded images; decode_image reads PNG, JPEG, GIF and BMP alike
     default = raw.get("default")
     if default is not None:
       textual = kind in ("string", "text")
@@ -210,7 +219,7 @@ def parse_schema(value: Any, *, source: str) -> Schema:
       default = int(default) if kind == "int" else float(default) if kind == "float" else default
     features.append(Feature(name=name, type=kind, vocabulary=vocabulary, shape=shape, mean=mean, std=std,
                             default=default, encoding=encoding, max_value=max_value,
-                            sequence_length=sequence_length))
+                            sequence_length=sequence_length, uri=uri))
   raw_label = value["label"]
   if not isinstance(raw_label, dict) or not isinstance(raw_label.get("name"), str):
     raise UserError(f"schema {source}: 'label' needs a 'name'")

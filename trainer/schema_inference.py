@@ -40,6 +40,11 @@ from trainer import schema as schema_lib
 from trainer.errors import UserError
 
 MAX_CLASSES_GUESSED = 20
+MAX_INFERRED_IMAGE_SIDE = 224  # a larger most-common image size is scaled down to fit (ImageNet models' input)
+_URI_HEADERS_READ = 32
+_TEXT_FILES_READ = 2000
+_TEXT_HEAD_BYTES = 1 << 20
+_IMAGE_HEAD_BYTES = 1 << 20  # a JPEG's size marker can follow large EXIF data
 TEXT_MIN_WORDS = 3.0  # mostly unique values averaging this many words are free text, fewer an id
 # Values of 3+ words that repeat (duplicated rows, stock phrases) are still free text past this many distinct ones.
 _MAX_CATEGORIES_OF_WORDS = 1000
@@ -79,6 +84,7 @@ class _Column:
   distinct: set = dataclasses.field(default_factory=set)  # of scalar numbers, up to _MAX_DISTINCT
   max_byte: int = 0
   where: str = ""  # the first record seen, for messages
+  first_missing: str = ""  # the first record without a value
   first_text: tuple[str, str] | None = None  # (value, where) of the first text value
 
   def add_numbers(self, values: list[float]) -> None:
@@ -134,6 +140,8 @@ def infer_schema(files: list[str], source: formats.Source, config: InferenceConf
       raise UserError(f"{flag}: {files[0]}: column {name!r} is Parquet type {kind}, which no schema type holds "
                       f"({len(unreadable)} such column(s): {', '.join(unreadable)}); cast it to a number or string "
                       "before writing (e.g. a timestamp to epoch seconds), or give a schema.json without it")
+  if source.format == "image_folder":
+    return _image_folder_schema(files, config, flag=flag, log=log)
   records = sample_records(files, source, limit=config.sample_rows, flag=flag)
   names = list(source.columns) if source.columns else _names_in_order(records)
   if source.format == "tfrecord":
@@ -166,6 +174,26 @@ def infer_schema(files: list[str], source: formats.Source, config: InferenceConf
   return schema_lib.parse_schema(value, source="(inferred)")
 
 
+def _image_folder_schema(files: list[str], config: InferenceConfig, *, flag: str, log) -> schema_lib.Schema:
+  """Images in one folder per class: the image read by path, the label the folder names (every file's, so no
+  class is missed), sorted as Keras' image_dataset_from_directory sorts them."""
+  if config.label != formats.IMAGE_FOLDER_LABEL:
+    raise UserError(f"--label={config.label!r}: images in class folders have the label {formats.IMAGE_FOLDER_LABEL!r} "
+                    "(each image's folder name); drop --label")
+  classes = sorted({formats.folder_class(path) for path in files})
+  if len(classes) < 2:
+    raise UserError(f"{flag}: {len(files)} image(s) in one folder ({classes[0]!r}); images in class folders need "
+                    "one folder per class, 2 or more (e.g. gs://b/images/train/<class>/*.jpg)")
+  log(f"schema inference: {len(files)} images in {len(classes)} class folders ({', '.join(classes[:10])}"
+      f"{', ...' if len(classes) > 10 else ''})")
+  step = max(1, len(files) // _URI_HEADERS_READ)
+  column = _Column(formats.IMAGE_FOLDER_IMAGE, present=len(files))
+  column.strings.update(files[::step][:_URI_HEADERS_READ])
+  image = _image_uri_feature(column, log=log)
+  return schema_lib.parse_schema({"features": [image], "label": {"name": formats.IMAGE_FOLDER_LABEL, "type": "string",
+                                                                  "vocabulary": classes}}, source="(inferred)")
+
+
 def _names_in_order(records) -> list[str]:
   names: dict[str, None] = {}
   for _, record in records:
@@ -181,6 +209,7 @@ def _observe(column: _Column, value: Any, where: str, data_format: str, *, flag:
     kind, values = value if value is not None else (None, [])
     if not values:
       column.missing += 1
+      column.first_missing = column.first_missing or where
       return
     column.present += 1
     if kind in ("float_list", "int64_list"):
@@ -195,6 +224,7 @@ def _observe(column: _Column, value: Any, where: str, data_format: str, *, flag:
     return
   if value is None or value == "":
     column.missing += 1
+    column.first_missing = column.first_missing or where
     return
   column.present += 1
   if data_format == "csv":
@@ -331,6 +361,12 @@ def _numeric_feature(column: _Column, data_format: str, *, log) -> dict[str, Any
 def _categorical_feature(column: _Column, config: InferenceConfig, *, log, warn) -> dict[str, Any] | None:
   name, counts = column.name, column.strings
   distinct = len(counts)
+  named_images = sum(n for value, n in counts.items() if formats.is_image_file(value))
+  if named_images >= _NUMERIC_SHARE * column.present:
+    return _image_uri_feature(column, log=log)
+  named_texts = sum(n for value, n in counts.items() if value.lower().endswith(".txt"))
+  if named_texts >= _NUMERIC_SHARE * column.present:
+    return _text_uri_feature(column, config, log=log)
   mostly_unique = distinct > 100 and distinct > 0.5 * column.present
   if mostly_unique or distinct > _MAX_CATEGORIES_OF_WORDS:
     words = {value: len(feature_kinds.text_tokens(value)) for value in counts}
@@ -352,6 +388,47 @@ def _categorical_feature(column: _Column, config: InferenceConfig, *, log, warn)
     log(f"schema inference: {name!r}: {len(kept)} of {distinct} values kept in the vocabulary (seen "
         f"{config.vocab_min_count}+ times); the rest map to the out-of-vocabulary id")
   return {"name": name, "type": "string", "vocabulary": kept, "default": ""}
+
+
+def _image_uri_feature(column: _Column, *, log) -> dict[str, Any]:
+  """An image read by URI: the size and channels of the most common of up to 32 files' headers (read in
+  sample order), at most `MAX_INFERRED_IMAGE_SIDE` on a side (larger images are resized to fit)."""
+  name = column.name
+  uris = list(column.strings)[:_URI_HEADERS_READ]
+  sizes: collections.Counter = collections.Counter()
+  for uri in uris:
+    head = formats.read_head(_gs(uri), _IMAGE_HEAD_BYTES, flag=f"column {name!r}")
+    size = image_size(head)
+    if size is None:
+      raise UserError(f"column {name!r} names {uri}, which is not a PNG or JPEG image (it starts {head[:8]!r}); "
+                      "the trainer reads image files as PNG, JPEG, GIF or BMP")
+    sizes[size] += 1
+  (height, width, channels, encoding), _ = sizes.most_common(1)[0]
+  scale = min(1.0, MAX_INFERRED_IMAGE_SIDE / max(height, width))
+  shape = [max(1, round(height * scale)), max(1, round(width * scale)), channels]
+  log(f"schema inference: {name!r} holds image URIs ({len(uris)} file header(s) read): an image of "
+      f"{shape[0]}x{shape[1]}x{channels} read from the files in the input pipeline"
+      + (f" (the most common size, {height}x{width}, scaled to fit {MAX_INFERRED_IMAGE_SIDE}; images of other sizes "
+         "are resized to it)" if scale < 1 or len(sizes) > 1 else ""))
+  return {"name": name, "type": "image", "uri": True, "shape": shape, "encoding": encoding, "max_value": 255}
+
+
+def _text_uri_feature(column: _Column, config: InferenceConfig, *, log) -> dict[str, Any]:
+  """Text read by URI (Vertex's textGcsUri): the vocabulary of up to 2,000 of the files, read in sample order."""
+  texts = _Column(column.name, present=0)
+  for uri in list(column.strings)[:_TEXT_FILES_READ]:
+    data = formats.read_head(_gs(uri), _TEXT_HEAD_BYTES, flag=f"column {column.name!r}")
+    texts.strings[data.decode("utf-8", errors="replace")] += 1
+    texts.present += 1
+  words = {value: len(feature_kinds.text_tokens(value)) for value in texts.strings}
+  mean_words = sum(words.values()) / max(1, len(words))
+  log(f"schema inference: {column.name!r} holds text file URIs ({texts.present} file(s) read for the vocabulary)")
+  feature = _text_feature(texts, words, mean_words, config, log=log)
+  return {**feature, "uri": True}
+
+
+def _gs(uri: str) -> str:
+  return "gs://" + uri[len("/gcs/"):] if uri.startswith("/gcs/") else uri
 
 
 def _text_feature(column: _Column, words: dict[str, int], mean_words: float, config: InferenceConfig, *,
@@ -400,8 +477,9 @@ def _raw_image_feature(column: _Column) -> dict[str, Any]:
 def _label(column: _Column, data_format: str, task: str, *, flag: str, log) -> dict[str, Any]:
   name = column.name
   if column.missing:
-    raise UserError(f"{flag}: label {name!r} is missing in {column.missing} sampled record(s) ({column.where} "
-                    "is the first record read); every record needs a label")
+    unannotated = " (a data item without an annotation)" if name == formats.VERTEX_LABEL else ""
+    raise UserError(f"{flag}: label {name!r} is missing in {column.missing} sampled record(s), the first at "
+                    f"{column.first_missing}{unannotated}; every record needs a label")
   if column.kinds["text"]:
     if task == "regression":
       raise UserError(f"--task=regression: label {name!r} holds text (e.g. {column.strings.most_common(1)[0][0]!r})")

@@ -1,0 +1,137 @@
+"""Image-file benchmark: the trainer's pipeline over a CSV of image paths against a plain tf.data pipeline that
+reads and decodes the same JPEG files (`read_file` + `decode_jpeg` per element, parallel map, batch), on local disk
+and on gs:// (emulated), in one run; memory at 10x the files.
+
+    .venv/bin/python -m scripts.bench_images                       # 4,000 JPEGs of 64x64, batch 128
+    .venv/bin/python -m scripts.bench_images --rounds=4 --num_images=1000   # quicker, noisier
+
+The images are scikit-learn's two sample photographs (china.jpg, flower.jpg) cut into 64x64 tiles and saved by
+Pillow as JPEG; the CSV (written by pandas) names each file and a label.
+- trainer: `input_pipeline.make_dataset_fn` over the CSV (the schema's `uri` image: files read in the graph,
+  checked to be images, decoded, cast to float; the shuffle window);
+- plain: `Dataset.from_tensor_slices(paths)` -> `map(read_file + decode_jpeg + cast, AUTOTUNE)` -> batch, as the
+  tf.data guide writes it (no shuffle, no checks); plain_gcs the same over the gs:// copies.
+It measures as scripts/bench_formats.py does (scripts/bench_turns.py). Nothing here asserts: it reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+
+from scripts import bench_turns
+
+BUILDER = "scripts.bench_images:build"
+KINDS = ("trainer", "gcs", "plain", "plain_gcs")
+SIDE = 64
+
+
+def build(kind: str, pattern: str, schema_path: str, batch: int):
+  """One pipeline of this benchmark (built in the pipeline's own process)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  from trainer import formats, input_pipeline, schema as schema_lib  # pylint: disable=g-import-not-at-top
+
+  files = sorted(tf.io.gfile.glob(pattern))
+  if kind in ("trainer", "gcs"):
+    schema = schema_lib.load_schema(schema_path)
+    source = formats.source_for(files, flag="bench")
+    return input_pipeline.make_dataset_fn(files, schema, source=source, global_batch_size=batch, training=True,
+                                          seed=1)(None)
+  paths = [line.split(",")[0] for line in tf.io.gfile.GFile(files[0]).read().splitlines()[1:]]
+
+  def load(path):
+    return tf.cast(tf.io.decode_jpeg(tf.io.read_file(path), channels=3), tf.float32)
+
+  ds = tf.data.Dataset.from_tensor_slices(paths).repeat().map(load, num_parallel_calls=tf.data.AUTOTUNE)
+  return ds.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def write_images(directory: str, *, num_images: int, uri_prefix: str | None = None) -> str:
+  """JPEG tiles of scikit-learn's sample photos and a CSV naming them (paths as `uri_prefix` names them)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import pandas as pd  # pylint: disable=g-import-not-at-top
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  from sklearn.datasets import load_sample_images  # pylint: disable=g-import-not-at-top
+
+  photos = load_sample_images().images
+  tiles = [(label, photo[y:y + SIDE, x:x + SIDE]) for label, photo in enumerate(photos)
+           for y in range(0, photo.shape[0] - SIDE + 1, SIDE) for x in range(0, photo.shape[1] - SIDE + 1, SIDE)]
+  os.makedirs(os.path.join(directory, "images"), exist_ok=True)
+  rows = []
+  for i in range(num_images):
+    label, tile = tiles[i % len(tiles)]
+    name = f"images/{i:06d}.jpg"
+    Image.fromarray(np.ascontiguousarray(tile)).save(os.path.join(directory, name), format="JPEG", quality=90)
+    rows.append({"path": f"{uri_prefix or directory}/{name}", "photo": label})
+  pd.DataFrame(rows).to_csv(os.path.join(directory, "images.csv"), index=False)
+  return os.path.join(directory, "images.csv")
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--num_images", type=int, default=4000)
+  parser.add_argument("--batch_size", type=int, default=128)
+  parser.add_argument("--rounds", type=int, default=8)
+  parser.add_argument("--slice_secs", type=float, default=2.0)
+  args = parser.parse_args()
+
+  from scripts import emulator as emulator_lib, stage_data  # pylint: disable=g-import-not-at-top
+  from trainer import storage  # pylint: disable=g-import-not-at-top
+
+  scratch = tempfile.mkdtemp(prefix="bench-images-")
+  try:
+    print(f"writing {args.num_images} JPEG tiles of {SIDE}x{SIDE} (and 10x that) ...", flush=True)
+    local = write_images(os.path.join(scratch, "one"), num_images=args.num_images)
+    big = write_images(os.path.join(scratch, "ten"), num_images=10 * args.num_images)
+    remote_dir = os.path.join(scratch, "remote")
+    remote = write_images(remote_dir, num_images=args.num_images, uri_prefix="gs://bench/images")
+    schema_path = os.path.join(scratch, "schema.json")
+    storage.write_json(schema_path, {
+        "features": [{"name": "path", "type": "image", "uri": True, "shape": [SIDE, SIDE, 3], "encoding": "jpeg"}],
+        "label": {"name": "photo", "type": "int", "num_classes": 2}})
+    with emulator_lib.running(buckets=("bench",), directory=os.path.join(scratch, "gcs")) as emulator:
+      env = {**os.environ, **emulator.env, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": bench_turns.REPO}
+      stage_data.upload_tree(remote_dir, "gs://bench/images", client=emulator.storage_client())
+      kinds = {"trainer": (local, env), "gcs": (remote, env), "plain": (local, env), "plain_gcs": (remote, env)}
+      print(f"starting {len(kinds)} pipeline processes ...", flush=True)
+      turns = bench_turns.Turns(BUILDER, kinds, schema_path, args.batch_size)
+      rounds = []
+      try:
+        for number in range(args.rounds + 1):  # round 0 untimed
+          order = list(kinds) if number % 2 else list(kinds)[::-1]
+          rates = {}
+          for kind in order:
+            got = turns.run_slice(kind, args.slice_secs)
+            rates[kind] = got["examples"] / got["seconds"]
+          if number:
+            rounds.append(rates)
+            print(f"  round {number:2d}: " + "  ".join(f"{k} {rates[k]:,.0f}" for k in kinds), flush=True)
+      finally:
+        turns.close()
+      memory = [bench_turns.one_pass_rss(BUILDER, "trainer", p, schema_path, args.batch_size,
+                                         args.num_images * scale, env) for p, scale in ((local, 1), (big, 10))]
+  finally:
+    shutil.rmtree(scratch, ignore_errors=True)
+
+  print(f"\n{args.num_images:,} JPEGs of {SIDE}x{SIDE}, batch {args.batch_size}; {args.rounds} rounds of "
+        f"{args.slice_secs:g} s slices; images/s are medians over rounds")
+  for kind in KINDS:
+    print(f"  {kind:<8} {statistics.median(r[kind] for r in rounds):>10,.0f} images/s")
+  for name, top, bottom, goal in (("trainer / plain", "trainer", "plain", 0.9),
+                                  ("trainer / plain, gs://", "gcs", "plain_gcs", 0.9),
+                                  ("gs:// / local", "gcs", "trainer", 0.8)):
+    per_round = sorted(r[top] / r[bottom] for r in rounds)
+    value = statistics.median(per_round)
+    print(f"  {name:<22} = {value:5.2f}  (rounds {per_round[0]:.2f} to {per_round[-1]:.2f})   goal >= {goal}   "
+          f"{'met' if value >= goal else 'NOT met'}")
+  one, ten = memory
+  print(f"  peak RSS, one fresh pass: {one:.0f} MiB at 1x, {ten:.0f} MiB at 10x -> {ten / one:.2f}x   goal <= 1.2   "
+        f"{'met' if ten / one <= 1.2 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+  main()
