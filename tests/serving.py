@@ -90,3 +90,15 @@ def serve_instances(model_dir: str, instances: list[dict]) -> list[dict]:
   if "probabilities" in expected:
     np.testing.assert_allclose(got.sum(axis=1), 1.0, rtol=1e-5)
   return response["predictions"]
+
+
+def copy_tree(source: str, target) -> str:
+  """Copies a folder (a model exported to gs://) to local disk, where the session loader reads it; returns target."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  for root, _, files in tf.io.gfile.walk(source):
+    relative = root[len(source):].strip("/")
+    os.makedirs(os.path.join(target, relative), exist_ok=True)
+    for name in files:
+      tf.io.gfile.copy(f"{root.rstrip('/')}/{name}", os.path.join(target, relative, name), overwrite=True)
+  return str(target)

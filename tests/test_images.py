@@ -115,7 +115,7 @@ def test_vertex_image_export_through_aip_variables(digits, gcs, tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert "the label is classificationAnnotation.displayName" in result.stderr
   model_dir = tmp_path / "model"
-  _download(f"{run}/model", model_dir)
+  serving.copy_tree(f"{run}/model", model_dir)
   metrics = _metrics(model_dir)
   assert metrics["eval_examples"] == EVAL_ROWS
   assert metrics["eval_accuracy"] >= digits["baselines"]["JPEG"] - MARGIN, (metrics, digits["baselines"])
@@ -127,16 +127,6 @@ def test_vertex_image_export_through_aip_variables(digits, gcs, tmp_path):
   predictions = serving.serve_instances(str(model_dir), instances)
   assert np.mean([p["class_name"] == f"digit {y}" for p, y in zip(predictions, rows["digit"])]) >= (
       digits["baselines"]["JPEG"] - 0.1)
-
-
-def _download(source: str, target) -> None:
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  for root, _, files in tf.io.gfile.walk(source):
-    relative = root[len(source):].strip("/")
-    os.makedirs(os.path.join(target, relative), exist_ok=True)
-    for name in files:
-      tf.io.gfile.copy(f"{root.rstrip('/')}/{name}", os.path.join(target, relative, name), overwrite=True)
 
 
 @pytest.mark.long

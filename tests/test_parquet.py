@@ -75,19 +75,8 @@ def test_a_spark_export_folder_on_the_bucket(cancer, gcs, tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert "--train_data: 3 file(s) of Parquet" in result.stderr  # _SUCCESS and the .crc files are not data
   local = tmp_path / "model"
-  serving_dir = _download(f"{out}/model", local)
+  serving_dir = serving.copy_tree(f"{out}/model", local)
   _assert_trained_and_serves(serving_dir, cancer)
-
-
-def _download(source: str, target) -> str:
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  for root, _, files in tf.io.gfile.walk(source):
-    relative = root[len(source):].strip("/")
-    os.makedirs(os.path.join(target, relative), exist_ok=True)
-    for name in files:
-      tf.io.gfile.copy(f"{root.rstrip('/')}/{name}", os.path.join(target, relative, name), overwrite=True)
-  return str(target)
 
 
 @pytest.mark.long

@@ -56,19 +56,11 @@ def test_vertex_managed_csv_dataset_with_only_vertex_variables(gcs, tmp_path):
   instances = [{schema_lib.safe_name(k): v for k, v in row.items() if k != "species"}
                for row in eval_rows.fillna(3.0).to_dict("records")]
   local_model = tmp_path / "model"
-  _copy_tree(f"{run}/model", str(local_model))
+  serving.copy_tree(f"{run}/model", str(local_model))
   predictions = serving.serve_instances(str(local_model), instances)
   names = [p["class_name"] for p in predictions]
   assert all(isinstance(name, str) for name in names)  # JSON strings, as TF Serving answers
   assert np.mean(np.array(names) == eval_rows["species"].to_numpy()) >= 0.8
-
-
-def _copy_tree(source: str, target: str) -> None:
-  for root, _, files in tf.io.gfile.walk(source):
-    relative = root[len(source):].strip("/")
-    os.makedirs(os.path.join(target, relative), exist_ok=True)
-    for name in files:
-      tf.io.gfile.copy(f"{root.rstrip('/')}/{name}", os.path.join(target, relative, name), overwrite=True)
 
 
 def test_inferred_schema_with_images_on_a_two_process_job(tmp_path):

@@ -12,6 +12,11 @@ class UserError(Exception):
   """
 
 
+# Prefix of the messages of the data checks run in the graph (tf.debugging.Assert); `data_errors` reads the detail
+# after it. Here, the leaf module, so the feature kinds and the encoder can both raise such checks.
+DATA_CHECK_PREFIX = "trainer-data-check:"
+
+
 def first_line(error: BaseException, *, limit: int = 300) -> str:
   """The first line of an exception's message (TensorFlow's `OpError.message` included), for a one-line error."""
   text = str(getattr(error, "message", None) or error).strip()

@@ -19,6 +19,7 @@ import dataclasses
 from typing import Any
 
 from trainer import schema as schema_lib
+from trainer.errors import DATA_CHECK_PREFIX
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,8 +224,6 @@ def read_files(uris, *, check_image: bool, name: str):
   or BMP fails a data check naming it (decode_image's own error does not)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from trainer import features as features_lib  # pylint: disable=g-import-not-at-top
-
   uris = tf.strings.regex_replace(uris, "^/gcs/", "gs://")
   contents = tf.map_fn(tf.io.read_file, uris, fn_output_signature=tf.string, parallel_iterations=32)
   if not check_image:
@@ -232,7 +231,7 @@ def read_files(uris, *, check_image: bool, name: str):
   known = [tf.equal(tf.strings.substr(contents, 0, len(magic)), magic) for magic in _IMAGE_MAGIC]
   bad = tf.logical_not(tf.reduce_any(tf.stack(known), axis=0))
   check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [
-      f"{features_lib.CHECK_PREFIX} {URI_PROBLEM} column {name!r} names a file that is not a PNG, JPEG, GIF or "
+      f"{DATA_CHECK_PREFIX} {URI_PROBLEM} column {name!r} names a file that is not a PNG, JPEG, GIF or "
       "BMP image:", tf.boolean_mask(uris, bad)[:1]])
   with tf.control_dependencies([check]):
     return tf.identity(contents)

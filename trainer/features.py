@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from trainer import feature_kinds
 from trainer import schema as schema_lib
+from trainer.errors import DATA_CHECK_PREFIX
 
 # Prefix of the messages of the data checks run in the graph; `data_errors` reads the detail after it.
-CHECK_PREFIX = "trainer-data-check:"
+CHECK_PREFIX = DATA_CHECK_PREFIX
 
 
 class FeatureEncoder:
