@@ -73,3 +73,23 @@ def test_a_test_pattern_that_matches_nothing_is_one_line(diabetes, tmp_path):
       f"error: --test_data: no files match '{root}/tset-*'; expected a file pattern such as "
       "gs://bucket/data/train-*.tfrecord"]
   assert not (out / "model").exists()
+
+
+def test_a_class_the_training_data_lacks_in_the_eval_data_is_one_line(tmp_path):
+  """Found by a newcomer: the evaluation pass (a dataset reduce inside a tf.function) raised its data check as a raw
+  traceback, exit 1, after training, leaving checkpoints behind."""
+  import pandas as pd  # pylint: disable=g-import-not-at-top
+
+  rows = [{"x": float(i % 7), "y": "up" if i % 2 else "down"} for i in range(200)]
+  pd.DataFrame(rows).to_csv(tmp_path / "train.csv", index=False)
+  rows[30]["y"] = "sideways"
+  pd.DataFrame(rows).to_csv(tmp_path / "eval.csv", index=False)
+  out = tmp_path / "out"
+  result = procs.run_trainer([f"--train_data={tmp_path}/train.csv", f"--eval_data={tmp_path}/eval.csv", "--label=y",
+                              f"--output_dir={out}", "--train_steps=20"], timeout=TIMEOUT)
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr
+  assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
+      f"error: --eval_data: {tmp_path}/eval.csv line 32: label 'y' holds 'sideways', not one of the schema's classes "
+      "(down, up)"]
+  assert not out.exists() or not any(out.iterdir())

@@ -23,8 +23,10 @@ from trainer.errors import UserError
 from trainer.errors import first_line
 
 # TensorFlow names the node an error passed through; a tf.data iterator's are IteratorGetNext,
-# IteratorGetNextSync, MultiDeviceIteratorGetNextFromShard (eager: "[Op:IteratorGetNext]").
-_FROM_INPUT_PIPELINE = re.compile(r"IteratorGetNext")
+# IteratorGetNextSync, MultiDeviceIteratorGetNextFromShard (eager: "[Op:IteratorGetNext]"). A `for` over a dataset
+# inside a tf.function (the evaluation pass) is a dataset reduce, whose errors name no such node but the
+# transformation's iterator ("... transformation with iterator: ReduceIterator::Root::...").
+_FROM_INPUT_PIPELINE = re.compile(r"IteratorGetNext|transformation with iterator: \w*Iterator::Root")
 _QUOTED_LINE_BREAK = "Quoted field has to end with quote followed by delim or end"  # tf.io.decode_csv's words
 # The line of TensorFlow's message that says what was wrong with the record.
 _DETAIL = re.compile(r"(Feature: .*|Field \d+ .*|Expect(?:ed)? \d+ fields.*|Could not parse .*|Unable to parse .*|"
