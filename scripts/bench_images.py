@@ -19,13 +19,11 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import tempfile
 
 from scripts import bench_turns
 
 BUILDER = "scripts.bench_images:build"
-KINDS = ("trainer", "gcs", "plain", "plain_gcs")
 SIDE = 64
 
 
@@ -97,21 +95,8 @@ def main() -> None:
       env = {**os.environ, **emulator.env, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": bench_turns.REPO}
       stage_data.upload_tree(remote_dir, "gs://bench/images", client=emulator.storage_client())
       kinds = {"trainer": (local, env), "gcs": (remote, env), "plain": (local, env), "plain_gcs": (remote, env)}
-      print(f"starting {len(kinds)} pipeline processes ...", flush=True)
-      turns = bench_turns.Turns(BUILDER, kinds, schema_path, args.batch_size)
-      rounds = []
-      try:
-        for number in range(args.rounds + 1):  # round 0 untimed
-          order = list(kinds) if number % 2 else list(kinds)[::-1]
-          rates = {}
-          for kind in order:
-            got = turns.run_slice(kind, args.slice_secs)
-            rates[kind] = got["examples"] / got["seconds"]
-          if number:
-            rounds.append(rates)
-            print(f"  round {number:2d}: " + "  ".join(f"{k} {rates[k]:,.0f}" for k in kinds), flush=True)
-      finally:
-        turns.close()
+      rounds = bench_turns.timed_rounds(BUILDER, kinds, schema_path, args.batch_size, rounds=args.rounds,
+                                        slice_secs=args.slice_secs)
       memory = [bench_turns.one_pass_rss(BUILDER, "trainer", p, schema_path, args.batch_size,
                                          args.num_images * scale, env) for p, scale in ((local, 1), (big, 10))]
   finally:
@@ -119,19 +104,10 @@ def main() -> None:
 
   print(f"\n{args.num_images:,} JPEGs of {SIDE}x{SIDE}, batch {args.batch_size}; {args.rounds} rounds of "
         f"{args.slice_secs:g} s slices; images/s are medians over rounds")
-  for kind in KINDS:
-    print(f"  {kind:<8} {statistics.median(r[kind] for r in rounds):>10,.0f} images/s")
-  for name, top, bottom, goal in (("trainer / plain", "trainer", "plain", 0.9),
-                                  ("trainer / plain, gs://", "gcs", "plain_gcs", 0.9),
-                                  ("gs:// / local", "gcs", "trainer", 0.8)):
-    per_round = sorted(r[top] / r[bottom] for r in rounds)
-    value = statistics.median(per_round)
-    print(f"  {name:<22} = {value:5.2f}  (rounds {per_round[0]:.2f} to {per_round[-1]:.2f})   goal >= {goal}   "
-          f"{'met' if value >= goal else 'NOT met'}")
-  one, ten = memory
-  print(f"  peak RSS, one fresh pass: {one:.0f} MiB at 1x, {ten:.0f} MiB at 10x -> {ten / one:.2f}x   goal <= 1.2   "
-        f"{'met' if ten / one <= 1.2 else 'NOT met'}")
-
+  ratios = (("trainer / plain", "trainer", "plain", 0.9),
+            ("trainer / plain, gs://", "gcs", "plain_gcs", 0.9),
+            ("gs:// / local", "gcs", "trainer", 0.8))
+  bench_turns.report(rounds, ratios, memory, unit="images/s")
 
 if __name__ == "__main__":
   main()

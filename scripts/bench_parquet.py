@@ -21,7 +21,6 @@ import argparse
 import glob
 import os
 import shutil
-import statistics
 import tempfile
 
 from scripts import bench_turns
@@ -90,21 +89,8 @@ def main() -> None:
       stage_data.upload_tree(os.path.dirname(pattern), "gs://bench/parquet", client=emulator.storage_client())
       kinds = {kind: (pattern, env) for kind in KINDS}
       kinds["gcs"] = ("gs://bench/parquet/*.parquet", env)
-      print(f"starting {len(kinds)} pipeline processes ...", flush=True)
-      turns = bench_turns.Turns(BUILDER, kinds, schema_path, args.batch_size)
-      rounds = []
-      try:
-        for number in range(args.rounds + 1):  # round 0 untimed
-          order = list(kinds) if number % 2 else list(kinds)[::-1]
-          rates = {}
-          for kind in order:
-            got = turns.run_slice(kind, args.slice_secs)
-            rates[kind] = got["examples"] / got["seconds"]
-          if number:
-            rounds.append(rates)
-            print(f"  round {number:2d}: " + "  ".join(f"{k} {rates[k] / 1000:,.0f}k" for k in kinds), flush=True)
-      finally:
-        turns.close()
+      rounds = bench_turns.timed_rounds(BUILDER, kinds, schema_path, args.batch_size, rounds=args.rounds,
+                                        slice_secs=args.slice_secs)
       memory = [bench_turns.one_pass_rss(BUILDER, "trainer", p, schema_path, args.batch_size,
                                          args.num_examples * scale, env) for p, scale in ((pattern, 1), (big, 10))]
   finally:
@@ -112,19 +98,10 @@ def main() -> None:
 
   print(f"\n{args.num_examples:,} examples, {args.num_shards} files, batch {args.batch_size}; {args.rounds} rounds of "
         f"{args.slice_secs:g} s slices; examples/s are medians over rounds")
-  for kind in KINDS:
-    print(f"  {kind:<14} {statistics.median(r[kind] for r in rounds):>12,.0f} ex/s")
-  for name, top, bottom, goal in (("trainer / pyarrow", "trainer", "pyarrow", 0.9),
-                                  ("trainer / pyarrow_numpy", "trainer", "pyarrow_numpy", 0.9),
-                                  ("gs:// / local", "gcs", "trainer", 0.8)):
-    per_round = sorted(r[top] / r[bottom] for r in rounds)
-    value = statistics.median(per_round)
-    print(f"  {name:<24} = {value:5.2f}  (rounds {per_round[0]:.2f} to {per_round[-1]:.2f})   goal >= {goal}   "
-          f"{'met' if value >= goal else 'NOT met'}")
-  one, ten = memory
-  print(f"  peak RSS, one fresh pass: {one:.0f} MiB at 1x, {ten:.0f} MiB at 10x -> {ten / one:.2f}x   goal <= 1.2   "
-        f"{'met' if ten / one <= 1.2 else 'NOT met'}")
-
+  ratios = (("trainer / pyarrow", "trainer", "pyarrow", 0.9),
+            ("trainer / pyarrow_numpy", "trainer", "pyarrow_numpy", 0.9),
+            ("gs:// / local", "gcs", "trainer", 0.8))
+  bench_turns.report(rounds, ratios, memory, unit="ex/s")
 
 if __name__ == "__main__":
   main()

@@ -15,6 +15,7 @@ import json
 import os
 import resource
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -119,6 +120,43 @@ class Turns:
           os.kill(proc.pid, signal.SIGCONT)
           proc.kill()
         proc.wait()
+
+
+def timed_rounds(builder: str, kinds: dict[str, tuple[str, dict]], schema_path: str, batch: int, *, rounds: int,
+                 slice_secs: float) -> list[dict[str, float]]:
+  """Starts one process per pipeline, then runs an untimed round and `rounds` timed ones, each pipeline one slice
+  per round, in alternating order; returns each timed round's examples/s by kind (printed as it goes)."""
+  print(f"starting {len(kinds)} pipeline processes ...", flush=True)
+  turns = Turns(builder, kinds, schema_path, batch)
+  results = []
+  try:
+    for number in range(rounds + 1):  # round 0 untimed
+      order = list(kinds) if number % 2 else list(kinds)[::-1]
+      rates = {}
+      for kind in order:
+        got = turns.run_slice(kind, slice_secs)
+        rates[kind] = got["examples"] / got["seconds"]
+      if number:
+        results.append(rates)
+        print(f"  round {number:2d}: " + "  ".join(f"{k} {rates[k]:,.0f}" for k in kinds), flush=True)
+  finally:  # killed, not finished: memory is measured on fresh processes, and a TF process can hang in clean-up
+    turns.close()
+  return results
+
+
+def report(rounds: list[dict[str, float]], ratios, memory: tuple[float, float], *, unit: str = "ex/s") -> None:
+  """Prints the median rate of each kind, each (name, top, bottom, goal) ratio's median over rounds with its
+  range, and the memory check (peak RSS at 1x and at 10x the data)."""
+  for kind in rounds[0]:
+    print(f"  {kind:<16} {statistics.median(r[kind] for r in rounds):>12,.0f} {unit}")
+  for name, top, bottom, goal in ratios:
+    per_round = sorted(r[top] / r[bottom] for r in rounds)
+    value = statistics.median(per_round)
+    print(f"  {name:<26} = {value:5.2f}  (rounds {per_round[0]:.2f} to {per_round[-1]:.2f})   goal >= {goal}   "
+          f"{'met' if value >= goal else 'NOT met'}")
+  one, ten = memory
+  print(f"  peak RSS, one fresh pass: {one:.0f} MiB at 1x, {ten:.0f} MiB at 10x -> {ten / one:.2f}x   goal <= 1.2   "
+        f"{'met' if ten / one <= 1.2 else 'NOT met'}")
 
 
 def cpu_seconds(pids: list[int]) -> float:
