@@ -119,3 +119,17 @@ def tf_config(cluster_dict: Mapping[str, list[str]], task_type: str, index: int)
 
 def addresses(count: int) -> list[str]:
   return [f"127.0.0.1:{p}" for p in free_ports(count)]
+
+
+def run_chief_and_worker(log_dir: str, args: Sequence[str], *, env: Mapping[str, str] | None = None,
+                         timeout: float = 240) -> dict[str, str]:
+  """A 2-process MultiWorkerMirrored job (a chief and a worker on free local ports) run to its end; asserts both
+  exited 0 and returns their logs by task. The processes are killed if they outlive `timeout`."""
+  chief, worker = addresses(2)
+  cluster_dict = {"chief": [chief], "worker": [worker]}
+  with cluster(log_dir) as c:
+    for task in ("chief", "worker"):
+      c.start(task, args, {**(env or {}), "TF_CONFIG": tf_config(cluster_dict, task, 0)})
+    codes = c.wait(["chief", "worker"], timeout)
+    assert codes == {"chief": 0, "worker": 0}, c.log("chief")[-3000:] + c.log("worker")[-3000:]
+    return {task: c.log(task) for task in ("chief", "worker")}

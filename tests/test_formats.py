@@ -197,6 +197,61 @@ def test_jsonl_strings_arrays_booleans_and_escapes(tmp_path):
   np.testing.assert_allclose(labels, [1.5, -2, 0])
 
 
+def _annotations(*names, **labels):
+  return [{"displayName": name, "annotationResourceLabels": {
+      "aiplatform.googleapis.com/annotation_set_name": "displayName", **labels}} for name in names]
+
+
+def test_multi_label_annotations_and_arrays_read_as_multi_hot(tmp_path):
+  """Vertex's multi-label export as json.dumps writes it (and as UTF-8): nested annotation labels, a label value
+  that is the word "displayName", quotes and non-ASCII in class names, no annotation at all; and a plain JSON
+  array of names, read as schema inference finds them."""
+  classes = ['say "hi"', "été", "x"]
+  items = [(['say "hi"'], {"extra": "displayName"}), (["x", "été"], {}), ([], {}), (["été", "été"], {})]
+  export = tmp_path / "export.jsonl"
+  with open(export, "w", encoding="utf-8") as f:
+    for i, (names, labels) in enumerate(items):
+      line = {"v": i * 0.5, "classificationAnnotations": _annotations(*names, **labels),
+              "dataItemResourceLabels": {"aiplatform.googleapis.com/ml_use": "training"}}
+      f.write(json.dumps(line, ensure_ascii=i % 2 == 0) + "\n")
+  expected = [[1, 0, 0], [0, 1, 1], [0, 0, 0], [0, 1, 0]]
+  source = _source(str(export))
+  assert formats.vertex_export_label(str(export), source, flag="f") == formats.VERTEX_MULTI_LABEL
+  schema = schema_inference.infer_schema([str(export)], source, schema_inference.InferenceConfig(
+      label=formats.VERTEX_MULTI_LABEL), flag="f", log=lambda _: None)
+  assert (schema.task, schema.label.vocabulary) == ("multi_label", ("say \"hi\"", "x", "été"))
+  assert [f.name for f in schema.features] == ["v"]  # not the annotation sets, nor ml_use
+  schema = dataclasses.replace(schema, label=dataclasses.replace(schema.label, vocabulary=tuple(classes)))
+  _, labels = _read_all(str(export), schema, source)
+  np.testing.assert_array_equal(labels, expected)
+
+  tags = tmp_path / "tags.jsonl"
+  tags.write_text("".join(json.dumps({"v": i, "tags": names}) + "\n" for i, (names, _) in enumerate(items)))
+  schema = schema_inference.infer_schema([str(tags)], _source(str(tags)), schema_inference.InferenceConfig(
+      label="tags"), flag="f", log=lambda _: None)
+  assert schema.label.multi_label
+  schema = dataclasses.replace(schema, label=dataclasses.replace(schema.label, vocabulary=tuple(classes)))
+  _, labels = _read_all(str(tags), schema, _source(str(tags)))
+  np.testing.assert_array_equal(labels, expected)
+
+
+def test_multi_label_records_that_do_not_fit_are_named():
+  schema = schema_lib.parse_schema({"features": [{"name": "t", "type": "float"}], "label": {
+      "name": formats.VERTEX_MULTI_LABEL, "type": "string", "vocabulary": ["a", "b"], "multi_label": True}},
+      source="t")
+  source = formats.Source("jsonl")
+  assert preflight.record_problem({"t": 1.0, formats.VERTEX_MULTI_LABEL: ["a"]}, schema, source) is None
+  assert "without classificationAnnotations" in preflight.record_problem({"t": 1.0}, schema, source)
+  assert "holds 'c', not one of the schema's classes" in preflight.record_problem(
+      {"t": 1.0, formats.VERTEX_MULTI_LABEL: ["a", "c"]}, schema, source)
+  with pytest.raises(UserError, match="multi-label .* read from JSONL"):
+    preflight.validate_schema_for_format(schema, formats.Source("csv", columns=("t", formats.VERTEX_MULTI_LABEL)),
+                                         ["x.csv"], flag="--train_data")
+  with pytest.raises(UserError, match="multi_label 'yes'"):
+    schema_lib.parse_schema({"features": [{"name": "t", "type": "float"}], "label": {
+        "name": "y", "type": "string", "vocabulary": ["a", "b"], "multi_label": "yes"}}, source="t")
+
+
 @pytest.mark.parametrize("compression", [None, "gzip"])
 def test_csv_quoted_fields_with_line_breaks_read_whole(tmp_path, compression):
   """Free text as pandas writes it to CSV: a field with a line break (LF or CRLF), comma or quote is quoted and
@@ -311,6 +366,27 @@ def test_images_png_jpeg_and_raw_are_decoded_and_scaled_from_the_data(tmp_path):
   assert np.abs(features["image"][..., 0] - scaled).mean() < 12
 
 
+def test_image_uris_in_tfrecord_are_read_from_their_files(tmp_path):
+  """Paths in a bytes_list, as a Beam or TFX job that keeps images in the bucket writes them."""
+  images, labels = _digits()
+  images, labels = images[:48], labels[:48]
+  path = str(tmp_path / "refs.tfrecord")
+  with tf.io.TFRecordWriter(path) as writer:
+    for i, (pixels, label) in enumerate(zip(images, labels)):
+      image_path = tmp_path / f"{i}.png"
+      image_path.write_bytes(_png(pixels * 15))
+      writer.write(tf.train.Example(features=tf.train.Features(feature={
+          "image_uri": tf.train.Feature(bytes_list=tf.train.BytesList(value=[str(image_path).encode()])),
+          "digit": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)]))})).SerializeToString())
+  schema = schema_inference.infer_schema([path], _source(path), schema_inference.InferenceConfig(label="digit"),
+                                         flag="f", log=lambda _: None)
+  image = schema.feature("image_uri")
+  assert (image.type, image.uri, image.shape, image.encoding) == ("image", True, (8, 8, 1), "png")
+  features, got = _read_all(path, schema, _source(path))
+  np.testing.assert_array_equal(features["image_uri"][..., 0], images * 15)
+  np.testing.assert_array_equal(got, labels)
+
+
 def test_tfx_schema_pbtxt(tmp_path):
   """A schema as TFDV's infer_schema / TFX SchemaGen writes it (text proto), with the label kept out of SERVING."""
   path = tmp_path / "schema.pbtxt"
@@ -403,6 +479,11 @@ def test_bad_records_deep_in_the_files_are_named(iris_files, tmp_path):
     f.write("\n".join(lines[:90] + [""] + lines[90:]) + "\n")
   assert _first_error(blank_path, schema) == (f"--train_data: {blank_path} line 91: the line is blank; expected a "
                                               "record on every line (remove blank lines)")
+  long_path = str(tmp_path / "long.csv")  # a stray comma: decode_csv(select_cols=...) alone would read it
+  with open(long_path, "w") as f:
+    f.write("\n".join(lines[:130] + [lines[130] + ",7.1"] + lines[131:]) + "\n")
+  assert _first_error(long_path, schema) == (f"--train_data: {long_path} line 131: the row has 6 fields, the CSV "
+                                             "5 columns")
   no_label = frame.drop(columns=["species"]).iloc[:3]
   missing_path = str(tmp_path / "nolabel.jsonl")
   no_label.to_json(missing_path, orient="records", lines=True)

@@ -129,6 +129,70 @@ def test_vertex_image_export_through_aip_variables(digits, gcs, tmp_path):
       digits["baselines"]["JPEG"] - 0.1)
 
 
+# Three yes/no properties of a digit: any set of them (or none) is an image's multi-label annotation.
+DIGIT_PROPERTIES = {"even": lambda d: d % 2 == 0, "five or more": lambda d: d >= 5,
+                    "has a loop": lambda d: d in (0, 6, 8, 9)}
+
+
+def _vertex_multi_label_export(path, frame, ml_use_of) -> None:
+  """Lines as Vertex AI exports a multi-label image classification dataset: every split in one file, each line's
+  ml_use (or none) from `ml_use_of(index)`."""
+  with open(path, "w") as f:
+    for i, (image, digit) in enumerate(zip(frame["path"], frame["digit"])):
+      line = {"imageGcsUri": image, "classificationAnnotations": [
+          {"displayName": name, "annotationResourceLabels": {
+              "aiplatform.googleapis.com/annotation_set_name": "digit_properties"}}
+          for name, holds in DIGIT_PROPERTIES.items() if holds(digit)]}
+      if ml_use_of(i):
+        line["dataItemResourceLabels"] = {"aiplatform.googleapis.com/ml_use": ml_use_of(i)}
+      f.write(json.dumps(line) + "\n")
+
+
+def test_vertex_multi_label_export_split_by_its_ml_use_labels(digits, tmp_path):
+  """One export file holding every split, as `gcloud ai datasets export` writes it: the trainer trains on its
+  training (and unassigned) lines, evaluates on validation and tests on test, each class a yes/no; against
+  scikit-learn's one-vs-rest logistic regression on the pixels, by the share of right yes/no decisions."""
+  from sklearn.linear_model import LogisticRegression  # pylint: disable=g-import-not-at-top
+  from sklearn.multiclass import OneVsRestClassifier  # pylint: disable=g-import-not-at-top
+
+  frame = digits["frames"]["PNG"]
+  ml_use = lambda i: {0: "test", 1: "validation", 2: None}.get(i % 10, "training")  # pylint: disable=unnecessary-lambda-assignment
+  _vertex_multi_label_export(tmp_path / "export.jsonl", frame, ml_use)
+  split = np.array([ml_use(i) or "training" for i in range(len(frame))])
+  targets = np.array([[holds(d) for holds in DIGIT_PROPERTIES.values()] for d in frame["digit"]], dtype=int)
+  pixels = np.stack([_pixels(p) for p in frame["path"]]) / 255
+  baseline = OneVsRestClassifier(LogisticRegression(max_iter=3000)).fit(pixels[split == "training"],
+                                                                         targets[split == "training"])
+  baseline_accuracy = float(np.mean(baseline.predict(pixels[split == "validation"]) == targets[split == "validation"]))
+  out = tmp_path / "out"
+  result = procs.run_trainer([f"--train_data={tmp_path}/export.jsonl", f"--output_dir={out}", "--train_steps=300",
+                              "--global_batch_size=64"], timeout=TIMEOUT)
+  assert result.returncode == 0, result.stderr[-3000:]
+  uses = [ml_use(i) for i in range(len(frame))]
+  counts = {use: uses.count(use) for use in ("training", None, "validation", "test")}
+  assert (f"Vertex's export splits its lines by ml_use ({counts['training']} training, {counts[None]} unset, "
+          f"{counts['validation']} validation, {counts['test']} test)") in result.stderr
+  with open(out / "model" / "schema.json") as f:
+    label = schema_lib.parse_schema(json.load(f), source="schema.json").label
+  assert (label.name, label.multi_label, label.vocabulary) == (
+      "classificationAnnotations.displayName", True, tuple(sorted(DIGIT_PROPERTIES)))
+  metrics = _metrics(out / "model")
+  assert (metrics["eval_examples"], metrics["test_examples"]) == (counts["validation"], counts["test"])
+  assert metrics["eval_accuracy"] >= baseline_accuracy - MARGIN, (metrics, baseline_accuracy)
+  assert metrics["test_auc"] > 0.9, metrics
+  rows = np.flatnonzero(split == "test")[:100]
+  instances = []
+  for path in frame["path"].iloc[rows]:
+    with open(path, "rb") as f:
+      instances.append({"imageGcsUri": {"b64": base64.b64encode(f.read()).decode()}})
+  predictions = serving.serve_instances(str(out / "model"), instances)
+  assert predictions[0]["class_names"] == list(label.vocabulary)
+  order = [list(DIGIT_PROPERTIES).index(name) for name in label.vocabulary]
+  served = np.array([p["predicted"] for p in predictions])
+  assert np.mean(served == targets[rows][:, order]) >= baseline_accuracy - 0.1
+  np.testing.assert_array_equal(served, np.array([p["probabilities"] for p in predictions]) > 0.5)
+
+
 @pytest.mark.long
 def test_class_folders_on_a_two_process_multi_worker_job(digits, tmp_path):
   frame = digits["frames"]["PNG"]
@@ -140,14 +204,8 @@ def test_class_folders_on_a_two_process_multi_worker_job(digits, tmp_path):
   out = tmp_path / "out"
   args = [f"--train_data={tmp_path}/train/", f"--eval_data={tmp_path}/eval/", f"--output_dir={out}",
           "--train_steps=300", "--global_batch_size=64", "--checkpoint_every_steps=300"]
-  chief, worker = procs.addresses(2)
-  cluster = {"chief": [chief], "worker": [worker]}
-  with procs.cluster(str(tmp_path)) as c:
-    c.start("chief", args, {"TF_CONFIG": procs.tf_config(cluster, "chief", 0)})
-    c.start("worker", args, {"TF_CONFIG": procs.tf_config(cluster, "worker", 0)})
-    codes = c.wait(["chief", "worker"], TIMEOUT)
-    assert codes == {"chief": 0, "worker": 0}, c.log("chief")[-3000:] + c.log("worker")[-3000:]
-    assert "images in 10 class folders (digit1, digit2" in c.log("chief")
+  logs = procs.run_chief_and_worker(str(tmp_path), args, timeout=TIMEOUT)
+  assert "images in 10 class folders (digit1, digit2" in logs["chief"]
   with open(out / "model" / "schema.json") as f:
     schema = schema_lib.parse_schema(json.load(f), source="schema.json")
   assert schema.label.vocabulary[:2] == ("digit1", "digit2") and schema.label.vocabulary[-1] == "zero"
@@ -176,7 +234,21 @@ def test_bad_images_are_one_line_and_nothing_written(digits, tmp_path):
   del unannotated["classificationAnnotation"]
   lines[150] = json.dumps(unannotated)
   (tmp_path / "vertex.jsonl").write_text("\n".join(lines) + "\n")
+  multi = tmp_path / "multi.jsonl"
+  _vertex_multi_label_export(multi, frame, lambda i: "training")
+  lines = multi.read_text().splitlines()
+  lines[150] = json.dumps({key: value for key, value in json.loads(lines[150]).items()
+                           if key != "classificationAnnotations"})
+  multi.write_text("\n".join(lines) + "\n")
+  held_out = tmp_path / "held_out.jsonl"
+  _vertex_multi_label_export(held_out, frame, lambda i: "validation" if i % 2 else "test")
   cases = [
+      ([f"--train_data={multi}"],
+       r"^error: --train_data: label 'classificationAnnotations.displayName' is missing in 1 sampled record\(s\), "
+       rf"the first at {multi} line 151 \(a data item without an annotation\); every record needs a label$"),
+      ([f"--train_data={held_out}"],
+       rf"^error: --train_data: every line of {held_out} has ml_use validation or test \(150 and 150\); none is left "
+       "to train on$"),
       ([f"--train_data={tmp_path}/missing.csv", "--label=digit"],
        rf"^error: --train_data/--eval_data: a file the data names by URI cannot be read: .*{tmp_path}/gone.png"),
       ([f"--train_data={tmp_path}/unreadable.csv", "--label=digit"],

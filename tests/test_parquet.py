@@ -86,13 +86,7 @@ def test_parquet_on_a_two_process_multi_worker_job(cancer, tmp_path):
   args = [f"--train_data={root}/export", f"--eval_data={root}/eval.parquet", "--label=diagnosis",
           f"--output_dir={out}", "--train_steps=300", "--global_batch_size=32", "--checkpoint_every_steps=300",
           f"--test_data={root}/eval.parquet"]
-  chief, worker = procs.addresses(2)
-  cluster = {"chief": [chief], "worker": [worker]}
-  with procs.cluster(str(tmp_path)) as c:
-    c.start("chief", args, {"TF_CONFIG": procs.tf_config(cluster, "chief", 0)})
-    c.start("worker", args, {"TF_CONFIG": procs.tf_config(cluster, "worker", 0)})
-    codes = c.wait(["chief", "worker"], TIMEOUT)
-    assert codes == {"chief": 0, "worker": 0}, c.log("chief")[-3000:] + c.log("worker")[-3000:]
+  procs.run_chief_and_worker(str(tmp_path), args, timeout=TIMEOUT)
   with open(out / "model" / "eval_metrics.json") as f:
     metrics = json.load(f)
   # The test split (here the eval file again) is one exact pass across both workers, like evaluation.

@@ -87,6 +87,24 @@ def test_what_cannot_fit_is_one_line(churn_data):
     models.adapt_to_contract(wrong, schema, flag="--model")
 
 
+def test_a_sigmoid_per_class_fits_a_multi_label_task_and_a_softmax_does_not(churn_data):
+  import dataclasses  # pylint: disable=g-import-not-at-top
+
+  churn = _schema(churn_data)
+  schema = dataclasses.replace(churn, label=schema_lib.Label("tags", "string", 3, ("a", "b", "c"),
+                                                              multi_label=True))
+  user_model = tutorial_models.sigmoid_over_three(schema, {})
+  adapted = models.adapt_to_contract(user_model, schema, flag="--model")
+  models.check_outputs(adapted, schema, flag="--model")
+  raw, encoded = _raw_batch(schema)
+  logits = adapted(models.select_inputs(encoded, models.input_names(adapted)))
+  np.testing.assert_allclose(tf.sigmoid(logits).numpy(), _user_probabilities("sequential", user_model, schema, raw),
+                             atol=1e-5)
+  with pytest.raises(UserError, match=r"^--model: the model ends in a softmax \(one class per example\); label "
+                                      r"'tags' is multi-label"):
+    models.adapt_to_contract(tutorial_models.sequential_softmax(schema, {}), schema, flag="--model")
+
+
 @pytest.mark.parametrize("loop", ["custom", "fit"])
 @pytest.mark.parametrize("name", SHAPES)
 def test_tutorial_models_train_and_serve(churn_data, tmp_path, name, loop):

@@ -92,13 +92,7 @@ def test_jsonl_text_on_a_two_process_multi_worker_job(reviews, tmp_path):
   out = tmp_path / "out"
   args = [f"--train_data={root}/train-*.jsonl", f"--eval_data={root}/eval.jsonl", "--label=category",
           f"--output_dir={out}", "--train_steps=300", "--global_batch_size=64", "--checkpoint_every_steps=300"]
-  chief, worker = procs.addresses(2)
-  cluster = {"chief": [chief], "worker": [worker]}
-  with procs.cluster(str(tmp_path)) as c:
-    c.start("chief", args, {"TF_CONFIG": procs.tf_config(cluster, "chief", 0)})
-    c.start("worker", args, {"TF_CONFIG": procs.tf_config(cluster, "worker", 0)})
-    codes = c.wait(["chief", "worker"], TIMEOUT)
-    assert codes == {"chief": 0, "worker": 0}, c.log("chief")[-3000:] + c.log("worker")[-3000:]
+  procs.run_chief_and_worker(str(tmp_path), args, timeout=TIMEOUT)
   metrics = _metrics(out)
   assert metrics["num_replicas"] == 2 and metrics["eval_examples"] == len(reviews["eval"])
   assert metrics["eval_accuracy"] >= reviews["baseline"] - MARGIN, (metrics, reviews["baseline"])
@@ -253,16 +247,42 @@ def test_vertex_text_export_through_aip_variables_needs_no_label(reviews, tmp_pa
   assert np.mean([p["class_name"] == y for p, y in zip(predictions, rows["category"])]) >= reviews["baseline"] - 0.1
 
 
-def test_vertex_multi_label_export_is_one_line(tmp_path):
-  (tmp_path / "train.jsonl").write_text(json.dumps({"textContent": "a b c", "classificationAnnotations": [
-      {"displayName": "x"}, {"displayName": "y"}]}) + "\n")
+def test_vertex_multi_label_text_export_in_one_file(reviews, tmp_path):
+  """Vertex's multi-label text export, every split in one file: each review is fresh, rotten or a plot synopsis,
+  and "long" when it runs past 25 words; against one-vs-rest bag-of-words logistic regression on the same split,
+  by the share of right yes/no decisions."""
+  from sklearn.feature_extraction.text import CountVectorizer  # pylint: disable=g-import-not-at-top
+  from sklearn.linear_model import LogisticRegression  # pylint: disable=g-import-not-at-top
+  from sklearn.multiclass import OneVsRestClassifier  # pylint: disable=g-import-not-at-top
+
+  frame = rotten_tomatoes_frame()
+  cut = int(len(frame) * 0.8)
+  names = [[category] + (["long"] if len(text.split()) > 25 else []) for text, category in
+           zip(frame["text"], frame["category"])]
+  with open(tmp_path / "export.jsonl", "w") as f:
+    for i, (text, classes) in enumerate(zip(frame["text"], names)):
+      f.write(json.dumps({"textContent": text, "classificationAnnotations": [{"displayName": c} for c in classes],
+                          "dataItemResourceLabels": {"aiplatform.googleapis.com/ml_use":
+                                                     "training" if i < cut else "validation"}}) + "\n")
+  vocabulary = sorted({c for classes in names for c in classes})
+  targets = np.array([[c in classes for c in vocabulary] for classes in names], dtype=int)
+  vectorizer = CountVectorizer()
+  baseline = OneVsRestClassifier(LogisticRegression(max_iter=2000)).fit(
+      vectorizer.fit_transform(frame["text"].iloc[:cut]), targets[:cut])
+  baseline_accuracy = float(np.mean(baseline.predict(vectorizer.transform(frame["text"].iloc[cut:])) ==
+                                    targets[cut:]))
   out = tmp_path / "out"
-  result = procs.run_trainer([f"--train_data={tmp_path}/train.jsonl", f"--output_dir={out}"], timeout=TIMEOUT)
-  assert result.returncode == 2
-  assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
-      f"error: --train_data: {tmp_path}/train.jsonl is Vertex's multi-label classification export "
-      "('classificationAnnotations'); the trainer reads single-label exports (classificationAnnotation) only so far"]
-  assert not out.exists() or not (out / "model").exists()
+  result = procs.run_trainer([f"--train_data={tmp_path}/export.jsonl", f"--output_dir={out}", "--train_steps=400",
+                              "--global_batch_size=64"], timeout=TIMEOUT)
+  assert result.returncode == 0, result.stderr[-3000:]
+  with open(out / "model" / "schema.json") as f:
+    schema = schema_lib.parse_schema(json.load(f), source="schema.json")
+  assert schema.label.multi_label and schema.label.vocabulary == tuple(vocabulary)
+  metrics = _metrics(out)
+  assert metrics["eval_examples"] == len(frame) - cut
+  assert metrics["eval_accuracy"] >= baseline_accuracy - 0.05, (metrics, baseline_accuracy)
+  predictions = serving.serve_instances(str(out / "model"), [{"textContent": t} for t in frame["text"].iloc[cut:][:50]])
+  assert np.mean(np.array([p["predicted"] for p in predictions]) == targets[cut:][:50]) >= baseline_accuracy - 0.1
 
 
 def test_vertex_text_export_by_gcs_uri(gcs, tmp_path):

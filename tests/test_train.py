@@ -284,8 +284,8 @@ def _bad_cases(churn_data, tmp_path):
        r"^error: --weight_decay must be >= 0 \(decoupled decay per step, times the learning rate\), got -0.1$"),
       ("class_weights_for_regression", [f"--train_data={regression}/*.csv", "--label=monthly_charges",
                                         "--task=regression", "--class_weights=balanced"], {},
-       r"^error: --class_weights=balanced: class weights need a classification task; label 'monthly_charges' is "
-       r"a regression target \(omit --class_weights\)$"),
+       r"^error: --class_weights=balanced: class weights need a single-label classification task; label "
+       r"'monthly_charges' is a regression target \(omit --class_weights\)$"),
       ("class_weights_unknown_class", good + ['--class_weights={"7": 2}'], {},
        r"^error: --class_weights=\{\"7\": 2\}: '7' is not a class of label 'churned' \(classes: 0\.\.1\)$"),
       ("early_stopping_without_evals", good + ["--early_stopping_metric=auc"], {},

@@ -76,14 +76,7 @@ def test_inferred_schema_with_images_on_a_two_process_job(tmp_path):
          "AIP_VALIDATION_DATA_URI": f"{data}/validation-*"}
   args = ["--label=digit", f"--output_dir={out}", "--train_steps=300", "--global_batch_size=64",
           "--checkpoint_every_steps=300"]
-  chief, worker = procs.addresses(2)
-  cluster = {"chief": [chief], "worker": [worker]}
-  with procs.cluster(str(tmp_path)) as c:
-    c.start("chief", args, {**env, "TF_CONFIG": procs.tf_config(cluster, "chief", 0)})
-    c.start("worker", args, {**env, "TF_CONFIG": procs.tf_config(cluster, "worker", 0)})
-    codes = c.wait(["chief", "worker"], TIMEOUT)
-    assert codes == {"chief": 0, "worker": 0}, c.log("chief")[-3000:] + c.log("worker")[-3000:]
-    logs = {name: c.log(name) for name in ("chief", "worker")}
+  logs = procs.run_chief_and_worker(str(tmp_path), args, env=env, timeout=TIMEOUT)
   inferred = {name: [line.split("Schema (inferred", 1)[1] for line in log.splitlines() if "Schema (inferred" in line]
               for name, log in logs.items()}
   assert len(inferred["chief"]) == 1 and inferred["chief"] == inferred["worker"]

@@ -72,6 +72,9 @@ class DataConfig:
   schema_given: bool = False  # --schema was passed: it must exist
   test_pattern: str | None = None  # evaluated once after training, reported as test_* (--test_data)
   vertex_format: str | None = None  # AIP_DATA_FORMAT, checked
+  # The data is Vertex's split of a managed dataset (AIP_TRAINING_DATA_URI): ml_use labels in its lines are not
+  # re-applied. A Vertex export given by --train_data is split by them (`preflight`).
+  splits_from_vertex: bool = False
   label: str | None = None  # --label: the label column (schema inference; checked against a given schema)
   task: str = "auto"
   csv_columns: tuple[str, ...] | None = None

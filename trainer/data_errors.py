@@ -62,7 +62,8 @@ def explain(error: BaseException, inputs: preflight.Inputs, *, budget_secs: floa
   found = preflight.find_bad_record(inputs, budget_secs=budget_secs)
   if found is not None:
     return UserError(found)
-  if _QUOTED_LINE_BREAK in message:  # the line reader split a record that Python's csv reads whole
+  if _QUOTED_LINE_BREAK in message or features_lib.CSV_LONG_ROW in message:
+    # The line reader split a record that Python's csv reads whole (a split line's fields are miscounted).
     return UserError("--train_data/--eval_data: a quoted CSV field holds a line break beyond the first 64 KiB of "
                      "the first file, where pre-flight looks for one, so the files were read line by line: pass "
                      "--csv_multiline to read them with CsvDataset, which follows quotes across lines")

@@ -50,6 +50,13 @@ def serving_root(model, schema: schema_lib.Schema):
     encoded = encoder.encode(features)
     # Served as float32 whatever --precision computed in (mixed policies end in float16/bfloat16 otherwise).
     outputs = tf.cast(model(models.select_inputs(encoded, names), training=False), tf.float32)
+    if schema.task == "multi_label":
+      # Every class's own probability (they need not sum to 1) and the yes/no at 0.5; class_names[i] is class i's
+      # name, repeated per example as a response lists it beside the probabilities.
+      probabilities = tf.sigmoid(outputs)
+      class_names = tf.constant(list(schema.label.vocabulary))
+      return {"probabilities": probabilities, "predicted": tf.cast(probabilities > 0.5, tf.int64),
+              "class_names": tf.tile(class_names[None, :], [tf.shape(outputs)[0], 1])}
     if schema.task == "classification":
       class_id = tf.argmax(outputs, axis=-1, output_type=tf.int64)
       result = {"probabilities": tf.nn.softmax(outputs, axis=-1), "class_id": class_id}

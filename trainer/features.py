@@ -13,6 +13,12 @@ from trainer.errors import DATA_CHECK_PREFIX
 
 # Prefix of the messages of the data checks run in the graph; `data_errors` reads the detail after it.
 CHECK_PREFIX = DATA_CHECK_PREFIX
+# The check that no CSV row read line by line has more fields than the columns (`input_pipeline`): when Python's
+# csv reader then finds every row whole, a quoted field broke a line (`data_errors`).
+CSV_LONG_ROW = "a CSV row has more fields than the columns"
+# Ends each class name of a multi-label label as the input pipeline parses it: one dense string per record
+# ("cat\x1fdog\x1f"), which batches and shuffles like any string column.
+CLASS_SEPARATOR = "\x1f"
 
 
 class FeatureEncoder:
@@ -45,9 +51,12 @@ class FeatureEncoder:
     return list(self._tables.values()) + ([self._label_table] if self._label_table is not None else [])
 
   def encode_label(self, labels):
-    """Class ids (int64) for classification, float32 targets for regression."""
+    """Class ids (int64) for classification, float32 targets for regression, multi-hot float32 (batch, classes)
+    for a multi-label label."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+    if self._schema.label.multi_label:
+      return self._multi_hot(labels)
     if self._label_table is not None:
       ids = self._label_table.lookup(labels)
       check = tf.debugging.Assert(tf.reduce_all(ids >= 0), [
@@ -58,6 +67,21 @@ class FeatureEncoder:
     if self._schema.task == "classification":
       return tf.cast(labels, tf.int64)
     return tf.cast(labels, tf.float32)
+
+  def _multi_hot(self, labels):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    names = tf.strings.split(labels, CLASS_SEPARATOR)
+    ids = self._label_table.lookup(names.flat_values)
+    blank = tf.equal(names.flat_values, "")  # after the last separator; or a record no class applies to
+    check = tf.debugging.Assert(tf.reduce_all((ids >= 0) | blank), [
+        f"{CHECK_PREFIX} label {self._schema.label.name!r} holds a class name not in the schema's label "
+        "vocabulary"])
+    with tf.control_dependencies([check]):
+      ids = names.with_flat_values(tf.where(blank, tf.constant(-1, tf.int64), ids))
+    # one_hot of -1 is all zeros; the sum over a record's names is its multi-hot row (a name twice counts once)
+    counts = tf.reduce_sum(tf.one_hot(ids.to_tensor(default_value=-1), len(self._schema.label.vocabulary)), axis=1)
+    return tf.minimum(counts, 1.0)
 
   def encode_records(self, columns):
     """`encode` after reading the files `uri` features name (the input pipeline's path; serving takes values)."""

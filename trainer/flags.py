@@ -171,6 +171,7 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment) -> 
           deterministic=values.deterministic_input,
           schema_given=bool(values.schema),
           vertex_format=vertex_format,
+          splits_from_vertex=not values.train_data,
           label=values.label,
           task=values.task,
           csv_columns=tuple(c.strip() for c in values.csv_columns) if values.csv_columns else None,

@@ -42,11 +42,16 @@ class Source:
   columns: tuple[str, ...] | None = None  # CSV: every column, in file order
   header: bool = False  # CSV: the first line of each file is a header row
   multiline: bool = False  # CSV: quoted fields hold line breaks (pandas writes free text so): read by CsvDataset
+  # Vertex's export JSONL with ml_use labels: read only the lines of this split ("training" also keeps lines
+  # without one, which Vertex would assign to training by default).
+  ml_use: str | None = None
 
   def describe(self) -> str:
     kind = {"tfrecord": "TFRecord", "csv": "CSV", "jsonl": "JSONL", "parquet": "Parquet",
             "image_folder": "images in class folders"}[self.format]
     text = f"{self.compression.lower()} {kind}" if self.compression else kind
+    if self.ml_use:
+      text += f" (the lines whose ml_use is {self.ml_use}{' or unset' if self.ml_use == 'training' else ''})"
     if self.format == "csv":
       text += (f" ({len(self.columns or ())} columns, {'a header row' if self.header else 'no header row'}"
                f"{', quoted line breaks' if self.multiline else ''})")
@@ -413,35 +418,76 @@ def _iter_jsonl(path: str, compression: str, *, flag: str):
 
 
 def flatten_json(value: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-  """A JSON object's nested objects as dotted columns: {"a": {"b": 1}} -> {"a.b": 1}. An image ({"b64": ...})
-  is one value. This is how a column names a nested value, e.g. the label of Vertex's classification exports,
-  `classificationAnnotation.displayName`; the input pipeline extracts it alike (`_jsonl_columns`)."""
+  """A JSON object's nested objects as dotted columns: {"a": {"b": 1}} -> {"a.b": 1}; a list of objects as one
+  list per key: {"a": [{"b": 1}, {"b": 2}]} -> {"a.b": [1, 2]}. An image ({"b64": ...}) is one value. This is
+  how a column names a nested value, e.g. the label of Vertex's classification exports,
+  `classificationAnnotation.displayName` (one class) or `classificationAnnotations.displayName` (a list: the
+  multi-label export); the input pipeline extracts them alike (`_jsonl_columns`)."""
   flat: dict[str, Any] = {}
   for key, item in value.items():
     if isinstance(item, dict) and set(item) != {"b64"}:
       flat.update(flatten_json(item, f"{prefix}{key}."))
+    elif isinstance(item, list) and item and all(isinstance(element, dict) for element in item):
+      for element in item:
+        for name, inner in flatten_json(element, f"{prefix}{key}.").items():
+          flat.setdefault(name, []).append(inner)
+    elif not prefix and key == "classificationAnnotations" and item == []:
+      flat[VERTEX_MULTI_LABEL] = []  # a multi-label item that no class applies to
     else:
       flat[f"{prefix}{key}"] = item
   return flat
 
 
-# Vertex AI's image and text classification exports (one JSON object per data item): the annotation is the label.
+# Vertex AI's image and text classification exports (one JSON object per data item): the annotation is the label,
+# one class name (single-label) or a list of them (multi-label, each class a yes/no).
 VERTEX_LABEL = "classificationAnnotation.displayName"
-VERTEX_MULTI_LABEL = "classificationAnnotations"
+VERTEX_MULTI_LABEL = "classificationAnnotations.displayName"
+VERTEX_LABELS = (VERTEX_LABEL, VERTEX_MULTI_LABEL)
 # Keys of those exports that describe the data item, not its content (ml_use, annotation sets): never features.
-VERTEX_METADATA_PREFIXES = ("dataItemResourceLabels.", "classificationAnnotation.annotationResourceLabels.")
+VERTEX_METADATA_PREFIXES = ("dataItemResourceLabels.", "classificationAnnotation.annotationResourceLabels.",
+                            "classificationAnnotations.annotationResourceLabels.")
+# The data item's split in those exports: "training", "validation" or "test" (absent: Vertex assigns it).
+VERTEX_ML_USE = "dataItemResourceLabels.aiplatform.googleapis.com/ml_use"
+ML_USE_VALUES = ("training", "validation", "test")
 
 
 def vertex_export_label(path: str, source: Source, *, flag: str) -> str | None:
-  """`VERTEX_LABEL` when the first record of `path` is a line of Vertex's classification export, else None."""
+  """The label column when the first record of `path` is a line of Vertex's classification export (`VERTEX_LABEL`
+  or `VERTEX_MULTI_LABEL`), else None. An empty list of annotations (multi-label: no class applies) counts."""
   if source.format != "jsonl":
     return None
   for _, record in iter_records(path, source, flag=flag):
-    if VERTEX_MULTI_LABEL in record:
-      raise UserError(f"{flag}: {path} is Vertex's multi-label classification export ({VERTEX_MULTI_LABEL!r}); "
-                      "the trainer reads single-label exports (classificationAnnotation) only so far")
-    return VERTEX_LABEL if VERTEX_LABEL in record else None
+    if isinstance(record.get("classificationAnnotations"), list):
+      return VERTEX_MULTI_LABEL
+    return next((name for name in VERTEX_LABELS if name in record), None)
   return None
+
+
+def ml_use_predicate(ml_use: str):
+  """A tf.data filter over JSON lines: True for the lines of split `ml_use` ("training": and those without one).
+  A regex over the raw line (the key as json.dumps writes it, or with "\\/"), so it runs in the graph."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  def of_split(split):
+    return rf'.*"aiplatform\.googleapis\.com(?:/|\\/)ml_use"\s*:\s*"(?:{split})".*'
+
+  if ml_use == "training":
+    return lambda line: tf.logical_not(tf.strings.regex_full_match(line, of_split("validation|test")))
+  return lambda line: tf.strings.regex_full_match(line, of_split(ml_use))
+
+
+def count_ml_use(files: list[str], source: Source, *, flag: str) -> dict[str, int]:
+  """How many lines of Vertex's export(s) `files` each `ml_use` assigns ("" for none): one pass over the lines,
+  which name image or text files (a few hundred bytes each), not their content."""
+  counts = dict.fromkeys(ML_USE_VALUES + ("",), 0)
+  for path in files:
+    for where, record in iter_records(path, source, flag=flag):
+      value = record.get(VERTEX_ML_USE, "")
+      if value not in counts:
+        raise UserError(f"{flag}: {path} {where}: ml_use {value!r}; Vertex's exports hold one of "
+                        f"{', '.join(ML_USE_VALUES)}")
+      counts[value] += 1
+  return counts
 
 
 def _iter_examples(path: str, compression: str, *, flag: str):

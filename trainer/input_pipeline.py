@@ -242,6 +242,10 @@ def _reader(source: formats.Source, csv_layout):
         path, scalar_defaults, compression_type=compression, buffer_size=_READ_BUFFER_BYTES,
         header=source.header, select_cols=indices)
   skip = 1 if source.format == "csv" and source.header else 0
+  if source.ml_use:  # one split of a Vertex export (a per-line filter; these lines name files, few and small)
+    keep = formats.ml_use_predicate(source.ml_use)
+    return lambda path: tf.data.TextLineDataset(path, compression_type=compression,
+                                                buffer_size=_READ_BUFFER_BYTES).filter(keep)
   return lambda path: tf.data.TextLineDataset(path, compression_type=compression,
                                               buffer_size=_READ_BUFFER_BYTES).skip(skip)
 
@@ -324,9 +328,19 @@ def _batch_parser(schema: schema_lib.Schema, source: formats.Source, csv_layout)
 
     return parse_csv_columns
 
+  num_fields = len(source.columns)
+
   def parse_csv(lines):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+    # decode_csv with select_cols refuses a short row but not a long one, whose stray comma would shift values
+    # silently: count the commas outside quoted fields (two vectorized regex passes over the batch).
+    unquoted = tf.strings.regex_replace(lines, r'"(?:[^"]|"")*"', "")
+    fields = tf.strings.length(unquoted) - tf.strings.length(tf.strings.regex_replace(unquoted, ",", "")) + 1
+    check = tf.debugging.Assert(tf.reduce_all(fields == num_fields), [
+        f"{features_lib.CHECK_PREFIX} {features_lib.CSV_LONG_ROW} ({num_fields})"])
+    with tf.control_dependencies([check]):
+      lines = tf.identity(lines)
     columns = dict(zip(names, tf.io.decode_csv(lines, defaults, select_cols=indices)))
     target = columns.pop(label.name)
     return columns, target
@@ -341,11 +355,15 @@ _JSON_VALUE = {
     "number": r"(-?[0-9][0-9.eE+-]*|true|false)",
     "array": r"\[([^\]]*)\]",
     "image": r'\{\s*"b64"\s*:\s*"([^"]*)"\s*\}',
+    # a JSON array of strings or of flat-or-once-nested objects (Vertex's annotations): no bracket outside strings
+    "class_list": r'\[((?:[^\[\]"]|"(?:[^"\\]|\\.)*")*)\]',
 }
 _PRESENT = "\x01"  # marks a matched value: lines that do not match stay as they were (they start with "{")
 
 
 def _json_value_kind(schema: schema_lib.Schema, name: str) -> str:
+  if name == schema.label.name and schema.label.multi_label:
+    return "class_list"
   if name == schema.label.name:
     return "string" if schema.label.type == "string" else "number"
   feature = schema.feature(name)
@@ -419,6 +437,29 @@ def _json_key_pattern(name: str) -> str:
   return f"(?:{key(name)}|{nested})"
 
 
+def _class_list_key(name: str) -> tuple[str, str | None]:
+  """(the key of the JSON array, the key of the class name in each of its objects, None for an array of
+  strings): Vertex's multi-label export keeps the names in `classificationAnnotations[*].displayName`."""
+  if name == formats.VERTEX_MULTI_LABEL:
+    array, field = name.split(".")
+    return array, field
+  return name, None
+
+
+def _class_names(array_text, field: str | None):
+  """The class names in the inside of a JSON array, each followed by `features.CLASS_SEPARATOR`: its strings, or
+  the `field` of each of its objects. RE2 skips whole strings up to each name, so a name's own quotes or a
+  value "displayName" (not a key) do not derail it; what follows the last name is dropped."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  string = _JSON_VALUE["string"]
+  target = string if field is None else _json_key_pattern(field) + string
+  skipped = r'(?:[^"]|"(?:[^"\\]|\\.)*")*?'
+  separator = features_lib.CLASS_SEPARATOR
+  names = tf.strings.regex_replace(array_text, skipped + target, r"\1" + separator)
+  return tf.strings.regex_replace(names, f"[^{separator}]*$", "")
+
+
 def _jsonl_columns(lines, schema: schema_lib.Schema):
   """{column: tensor} for a batch of JSON lines: one RE2 pass per column extracts its value."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -426,8 +467,9 @@ def _jsonl_columns(lines, schema: schema_lib.Schema):
   columns = {}
   for name in schema.columns:
     kind = _json_value_kind(schema, name)
+    key_name, field = _class_list_key(name) if kind == "class_list" else (name, None)
     extracted = tf.strings.regex_replace(
-        lines, r"^.*?" + _json_key_pattern(name) + _JSON_VALUE[kind] + r".*$",
+        lines, r"^.*?" + _json_key_pattern(key_name) + _JSON_VALUE[kind] + r".*$",
         _PRESENT + r"\1")
     present = tf.strings.substr(extracted, 0, 1) == _PRESENT
     length = tf.strings.length(extracted)
@@ -442,6 +484,8 @@ def _jsonl_columns(lines, schema: schema_lib.Schema):
     if kind == "string":
       text = _unescape_json_strings(text)
       columns[name] = text if default is None else tf.where(present, text, default)
+    elif kind == "class_list":
+      columns[name] = _unescape_json_strings(_class_names(text, field))
     elif kind == "image":
       columns[name] = tf.io.decode_base64(tf.strings.regex_replace(tf.strings.regex_replace(
           tf.strings.regex_replace(text, r"\\/", "/"), r"\+", "-"), "/", "_"))

@@ -100,6 +100,7 @@ class UserCompile:
   metrics: tuple
   activation: str | None  # the user's output activation (output_activation)
   binary_unit: bool  # one output unit for two classes
+  multi_label: bool = False  # a yes/no per class: sigmoid probabilities (or logits), multi-hot float labels
 
   def describe(self) -> str:
     loss = self.loss if isinstance(self.loss, str) else type(self.loss).__name__ if self.loss is not None else None
@@ -112,6 +113,8 @@ class UserCompile:
 
     if self.activation == "softmax":
       return tf.nn.softmax(logits, axis=-1)
+    if self.multi_label:
+      return tf.sigmoid(logits) if self.activation == "sigmoid" else logits
     if self.binary_unit:
       logit = logits[:, 1:2] - logits[:, 0:1]  # the adapter's logits are [0, z] or [log(1-p), log p]
       return tf.sigmoid(logit) if self.activation == "sigmoid" else logit
@@ -142,7 +145,7 @@ def user_compile(model, schema: schema_lib.Schema) -> UserCompile | None:
     return None  # per-output losses or metrics: the model has one output here, so these are not ours to map
   activation, _, binary = _output_form(model, schema)
   return UserCompile(loss=loss, optimizer=optimizer, metrics=tuple(metrics or ()), activation=activation,
-                     binary_unit=binary)
+                     binary_unit=binary, multi_label=schema.task == "multi_label")
 
 
 def _user_frame(error: BaseException, module) -> str:
@@ -181,6 +184,10 @@ def check_outputs(model, schema: schema_lib.Schema, *, flag: str) -> None:
   if schema.task == "classification":
     expected, fits = f"({size}, {schema.label.num_classes})", shape == (size, schema.label.num_classes)
     what = f"logits over the {schema.label.num_classes} classes of label {schema.label.name!r}"
+  elif schema.task == "multi_label":
+    expected, fits = f"({size}, {schema.label.num_classes})", shape == (size, schema.label.num_classes)
+    what = (f"a logit (or sigmoid probability) per class of the multi-label label {schema.label.name!r}, "
+            f"{schema.label.num_classes} classes")
   else:
     expected, fits = f"({size},) or ({size}, 1)", shape in ((size,), (size, 1))
     what = f"one value per example for the regression label {schema.label.name!r}"
@@ -244,7 +251,11 @@ def adapt_to_contract(model, schema: schema_lib.Schema, *, flag: str):
                         if name in features and features[name].is_categorical
                         and "string" in str(getattr(tensor, "dtype", "")))
   activation, units, binary = _output_form(model, schema)
-  if activation == "sigmoid" and units not in (1, None):
+  if schema.task == "multi_label" and activation == "softmax":
+    raise UserError(f"{flag}: the model ends in a softmax (one class per example); label {schema.label.name!r} "
+                    f"is multi-label (any of its {schema.label.num_classes} classes per example): end in a sigmoid "
+                    f"over {schema.label.num_classes} units, or logits")
+  if activation == "sigmoid" and units not in (1, None) and schema.task != "multi_label":
     raise UserError(f"{flag}: the model ends in a sigmoid over {units} units (independent probabilities, a "
                     f"multi-label output); a classifier of label {schema.label.name!r} needs softmax over "
                     f"{schema.label.num_classes} units, one sigmoid unit for two classes, or logits")
@@ -273,8 +284,8 @@ def _output_form(model, schema: schema_lib.Schema) -> tuple[str | None, int | No
   """(output activation for a classifier, output units, one unit for a two-class task): what the adapter
   wraps, and what a compiled plug-in's own loss expects back."""
   units = _output_units(model)
-  classification = schema.task == "classification"
-  binary = classification and schema.label.num_classes == 2 and units == 1
+  classification = schema.task in ("classification", "multi_label")
+  binary = schema.task == "classification" and schema.label.num_classes == 2 and units == 1
   return (output_activation(model) if classification else None), units, binary
 
 
@@ -293,15 +304,19 @@ def _contract_layers():
       return tf.gather(tf.constant(self._vocabulary), tf.cast(ids, tf.int64))
 
   class ToLogits(tf.keras.layers.Layer):
-    """Probabilities (softmax, or one sigmoid unit) or one binary logit, as logits over the classes."""
+    """Probabilities (softmax, or one sigmoid unit) or one binary logit, as logits over the classes; or
+    (multi-label) a sigmoid probability per class as that class's logit."""
 
-    def __init__(self, activation, binary, **kwargs):
+    def __init__(self, activation, binary, multi_label=False, **kwargs):
       super().__init__(**kwargs)
-      self._activation, self._binary = activation, binary
+      self._activation, self._binary, self._multi_label = activation, binary, multi_label
 
     def call(self, outputs):
       outputs = tf.cast(outputs, tf.float32)
       tiny = 1e-7  # probabilities of exactly 0 or 1 would be infinite logits
+      if self._multi_label:
+        p = tf.clip_by_value(outputs, tiny, 1 - tiny)
+        return tf.math.log(p) - tf.math.log(1 - p)  # sigmoid of this is p
       if self._activation == "sigmoid" or self._binary:
         outputs = tf.reshape(outputs, [-1, 1])
         if self._activation == "sigmoid":
@@ -332,12 +347,12 @@ def _ContractAdapter(model, schema, *, input_mode, string_inputs, activation, bi
                   if name in string_inputs else tensor) for name, tensor in taken.items()}
   outputs = model(fed)
   if activation is not None or binary:
-    outputs = to_logits(activation, binary, name="to_logits")(outputs)
+    outputs = to_logits(activation, binary, multi_label=schema.task == "multi_label", name="to_logits")(outputs)
   return tf.keras.Model(taken, outputs, name="contract_adapter")
 
 
 def output_units(schema: schema_lib.Schema) -> int:
-  return schema.label.num_classes if schema.task == "classification" else 1
+  return 1 if schema.task == "regression" else schema.label.num_classes
 
 
 def model_inputs(schema: schema_lib.Schema) -> dict[str, Any]:

@@ -26,6 +26,16 @@ def prediction_schema(schema: schema_lib.Schema) -> dict[str, Any]:
   """One prediction, as the serving signature's outputs (see trainer/export.py)."""
   if schema.task == "regression":
     properties: dict[str, Any] = {"prediction": {"type": "number", "format": "float"}}
+  elif schema.task == "multi_label":
+    classes = schema.label.num_classes
+    per_class = {"minItems": classes, "maxItems": classes}
+    properties = {
+        "probabilities": {"type": "array", "items": {"type": "number", "format": "float"}, **per_class},
+        "predicted": {"type": "array", "items": {"type": "integer", "format": "int64", "enum": [0, 1]},
+                      **per_class},
+        "class_names": {"type": "array", "items": {"type": "string", "enum": list(schema.label.vocabulary)},
+                        **per_class},
+    }
   else:
     classes = schema.label.num_classes
     properties = {

@@ -31,6 +31,10 @@ from trainer.errors import first_line
 
 def validate_schema_for_format(schema: schema_lib.Schema, source: formats.Source, files: list[str], *,
                                flag: str) -> None:
+  if schema.label.multi_label and source.format != "jsonl":
+    raise UserError(f"{flag}: label {schema.label.name!r} is multi-label (a list of class names per record), which "
+                    f"is read from JSONL (Vertex's multi-label export, or a JSON array of names); this is "
+                    f"{source.describe()}")
   if source.format == "parquet":
     from trainer import parquet  # pylint: disable=g-import-not-at-top
 
@@ -66,6 +70,8 @@ def count_records(files: list[str], source: formats.Source) -> int:
     ds = tf.data.Dataset.from_tensor_slices(files).interleave(
         lambda path: tf.data.TextLineDataset(path, compression_type=source.compression).skip(skip),
         num_parallel_calls=tf.data.AUTOTUNE).filter(lambda line: tf.strings.length(tf.strings.strip(line)) > 0)
+    if source.ml_use:
+      ds = ds.filter(formats.ml_use_predicate(source.ml_use))
   return int(ds.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
 
 
@@ -108,6 +114,8 @@ def check_inputs(config: config_lib.Config) -> Inputs:
       logging.info("--train_data: Vertex's classification export: the label is %s", vertex_label)
       data_cfg = dataclasses.replace(data_cfg, label=vertex_label)
       config = dataclasses.replace(config, data=data_cfg)
+  if data_cfg.label in formats.VERTEX_LABELS and sources["train"].format == "jsonl" and not data_cfg.splits_from_vertex:
+    _split_by_ml_use(splits, files, sources, evaluate=config.train.eval_steps != 0)
   schema = _read_schema(config)
   for split, (flag, _) in splits.items():
     if sources[split].format == "csv":
@@ -133,6 +141,33 @@ def check_inputs(config: config_lib.Config) -> Inputs:
                                                                  class_weights)))
   return Inputs(schema=schema, train_files=files["train"], eval_files=files.get("eval", []), sources=sources,
                 schema_origin=origin, class_weights=class_weights, test_files=files.get("test", []))
+
+
+def _split_by_ml_use(splits: dict[str, tuple[str, str]], files: dict[str, list[str]],
+                     sources: dict[str, formats.Source], *, evaluate: bool) -> None:
+  """A Vertex export given as --train_data trains on its training lines only, when its ml_use labels assign
+  others to validation or test; those are the eval and test splits unless --eval_data / --test_data name others
+  (an --eval_data that is the same export reads its validation lines). In place, on pre-flight's split tables."""
+  counts = formats.count_ml_use(files["train"], sources["train"], flag="--train_data")
+  if not counts["validation"] and not counts["test"]:
+    return
+  if not counts["training"] + counts[""]:
+    raise UserError(f"--train_data: every line of {splits['train'][1]} has ml_use validation or test "
+                    f"({counts['validation']} and {counts['test']}); none is left to train on")
+  train_flag, train_pattern = splits["train"]
+  sources["train"] = dataclasses.replace(sources["train"], ml_use="training")
+  chosen = []
+  for split, ml_use, wanted in (("eval", "validation", evaluate), ("test", "test", True)):
+    if not counts[ml_use] or not wanted:
+      continue
+    if split not in splits or splits[split][1] == train_pattern:
+      splits[split] = (train_flag, train_pattern)
+      files[split] = files["train"]
+      sources[split] = dataclasses.replace(sources["train"], ml_use=ml_use)
+      chosen.append(f"{'evaluates' if split == 'eval' else 'tests'} on the {counts[ml_use]} {ml_use} lines")
+  logging.info("--train_data: Vertex's export splits its lines by ml_use (%d training, %d unset, %d validation, "
+               "%d test): trains on the training and unset ones%s", counts["training"], counts[""],
+               counts["validation"], counts["test"], "".join(", " + c for c in chosen))
 
 
 def _label_values(files: list[str], source: formats.Source, schema: schema_lib.Schema, *, limit: int):
@@ -248,6 +283,11 @@ def record_problem(record: dict[str, Any], schema: schema_lib.Schema, source: fo
     feature = None if name == label.name else schema.feature(name)
     kind = feature.type if feature else label.type
     value = record.get(name)
+    if feature is None and label.multi_label:
+      problem = _class_list_problem(name, value, label)
+      if problem:
+        return problem
+      continue
     if source.format == "tfrecord":
       list_kind, values = value if value is not None else (None, [])
       if not values:
@@ -274,6 +314,19 @@ def record_problem(record: dict[str, Any], schema: schema_lib.Schema, source: fo
     problem = _value_problem(name, kind, value, feature, label, source)
     if problem:
       return problem
+  return None
+
+
+def _class_list_problem(name: str, value: Any, label: schema_lib.Label) -> str | None:
+  if value is None:
+    unannotated = " (a data item without classificationAnnotations)" if name == formats.VERTEX_MULTI_LABEL else ""
+    return f"label {name!r} is missing{unannotated}; a multi-label record holds a list of class names ([] for none)"
+  if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+    return f"label {name!r} holds {str(value)[:40]}; a multi-label label is a list of class names"
+  unknown = [v for v in value if v not in label.vocabulary]
+  if unknown:
+    return (f"label {name!r} holds {unknown[0]!r}, not one of the schema's classes "
+            f"({', '.join(label.vocabulary[:10])}{', ...' if len(label.vocabulary) > 10 else ''})")
   return None
 
 

@@ -192,8 +192,9 @@ def class_weights(train: config_lib.TrainConfig, schema: schema_lib.Schema,
     return None
   flag = f"--class_weights={spec}"
   if schema.task != "classification":
-    raise UserError(f"{flag}: class weights need a classification task; label {schema.label.name!r} is a "
-                    "regression target (omit --class_weights)")
+    what = "multi-label (each class its own yes/no)" if schema.task == "multi_label" else "a regression target"
+    raise UserError(f"{flag}: class weights need a single-label classification task; label "
+                    f"{schema.label.name!r} is {what} (omit --class_weights)")
   num_classes = schema.label.num_classes
   names = list(schema.label.vocabulary or ())
   if spec == "balanced":

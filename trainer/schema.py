@@ -30,8 +30,9 @@ Optional keys, all also written by schema inference (`python -m trainer.schema_i
   `"sequence_length"` (default 64): the tokens a sequence model keeps per example. The built-in models read the
   text as a bag of these words; a plug-in gets the raw string and builds its own
   `TextVectorization(vocabulary=feature.vocabulary, output_sequence_length=feature.sequence_length)`.
-- on the label: `"type": "string"` with a `"vocabulary"` of class names (class i is vocabulary entry i); on a
-  regression label, `"mean"` and `"std"`: the built-in models learn the standardized label and serve its units.
+- on the label: `"type": "string"` with a `"vocabulary"` of class names (class i is vocabulary entry i), and
+  `"multi_label": true` when each record holds a list of them (Vertex's multi-label export: each class an
+  independent yes/no, sigmoid outputs); on a regression label, `"mean"` and `"std"`: the built-in models learn the standardized label and serve its units.
 - `"columns"`: every CSV column in file order, for CSV files without a header row.
 
 A TFX / TensorFlow Data Validation schema (`schema.pbtxt`, tensorflow_metadata's `Schema` proto) is read too
@@ -108,6 +109,7 @@ class Label:
   vocabulary: tuple[str, ...] | None = None  # a string label: class i is vocabulary[i]
   mean: float | None = None  # a regression label: the built-in models predict (y - mean) / std, serve y
   std: float | None = None
+  multi_label: bool = False  # a list of class names per record: an independent yes/no per class
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +119,9 @@ class Schema:
 
   @property
   def task(self) -> str:
+    """"classification" (one class per example), "multi_label" (any set of classes) or "regression"."""
+    if self.label.multi_label:
+      return "multi_label"
     return "classification" if self.label.num_classes else "regression"
 
   csv_columns: tuple[str, ...] | None = None  # every CSV column in file order (files without a header)
@@ -131,7 +136,7 @@ class Schema:
   def to_dict(self) -> dict[str, Any]:
     def clean(obj):
       return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(obj).items()
-              if v is not None and not (k == "uri" and v is False)}
+              if v is not None and not (k in ("uri", "multi_label") and v is False)}
 
     value = {"features": [clean(f) for f in self.features], "label": clean(self.label)}
     if self.csv_columns:
@@ -270,8 +275,12 @@ def parse_schema(value: Any, *, source: str) -> Schema:
                     "(type float) takes")
   if label_std is not None and label_std <= 0:
     raise UserError(f"schema {source}: label {raw_label['name']!r} has std {label_std!r}; expected a positive number")
+  multi_label = raw_label.get("multi_label", False)
+  if multi_label not in (True, False) or (multi_label and label_type != "string"):
+    raise UserError(f"schema {source}: label {raw_label['name']!r} has multi_label {multi_label!r}; expected true "
+                    "(on a string label with a vocabulary: a list of class names per record) or false")
   return Schema(features=tuple(features), label=Label(raw_label["name"], label_type, num_classes, label_vocabulary,
-                                                      label_mean, label_std),
+                                                      label_mean, label_std, multi_label),
                 csv_columns=csv_columns)
 
 

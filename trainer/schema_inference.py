@@ -249,6 +249,9 @@ def _observe(column: _Column, value: Any, where: str, data_format: str, *, flag:
   elif isinstance(value, list) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                                  for v in value):
     column.add_numbers([float(v) for v in value])
+  elif isinstance(value, list) and all(isinstance(v, str) for v in value):  # class names (multi-label; [] none)
+    column.strings.update(value)
+    column.kinds["text_list"] += 1
   elif isinstance(value, dict) and isinstance(value.get("b64"), str):
     try:
       data = base64.b64decode(value["b64"], validate=True)
@@ -477,9 +480,20 @@ def _raw_image_feature(column: _Column) -> dict[str, Any]:
 def _label(column: _Column, data_format: str, task: str, *, flag: str, log) -> dict[str, Any]:
   name = column.name
   if column.missing:
-    unannotated = " (a data item without an annotation)" if name == formats.VERTEX_LABEL else ""
+    unannotated = " (a data item without an annotation)" if name in formats.VERTEX_LABELS else ""
     raise UserError(f"{flag}: label {name!r} is missing in {column.missing} sampled record(s), the first at "
                     f"{column.first_missing}{unannotated}; every record needs a label")
+  if column.kinds["text_list"]:
+    if task != "auto" or len(column.kinds) > 1:
+      raise UserError(f"{flag}: label {name!r} holds lists of class names ({column.where}), a multi-label task "
+                      f"(each class a yes/no); {'drop --task' if task != 'auto' else 'every record needs a list'}")
+    classes = sorted(column.strings)
+    if len(classes) < 2:
+      raise UserError(f"{flag}: label {name!r} names {len(classes)} class(es) in the sample "
+                      f"({', '.join(map(repr, classes)) or 'none'}); a multi-label classifier needs 2 or more")
+    log(f"schema inference: label {name!r}: multi-label classification over {len(classes)} class names (each "
+        "a yes/no)")
+    return {"name": name, "type": "string", "vocabulary": classes, "multi_label": True}
   if column.kinds["text"]:
     if task == "regression":
       raise UserError(f"--task=regression: label {name!r} holds text (e.g. {column.strings.most_common(1)[0][0]!r})")
