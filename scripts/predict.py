@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from trainer.schema import safe_name
+
 
 class PredictError(ValueError):
   """A request the model cannot answer; the message is one line naming the instance and the feature."""
@@ -55,8 +57,19 @@ class SessionModel:
     self.outputs = {name: info.name for name, info in signature.outputs.items()}
 
   def run(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
     feeds = {self.inputs[name][0]: value for name, value in columns.items()}
-    return self._session.run(self.outputs, feeds)
+    try:
+      return self._session.run(self.outputs, feeds)
+    except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError) as e:
+      # A value the signature cannot take (bytes that are not an image, a path where image bytes belong), as TF
+      # Serving answers it: 400 with TensorFlow's words.
+      lines = [line.strip() for line in e.message.splitlines() if line.strip()]
+      said = next((line for line in lines if not line.startswith(("Graph execution error", "[[", "Detected at"))),
+                  lines[0] if lines else type(e).__name__)
+      raise PredictError(f"the model cannot compute a prediction for these instances: {said.split(' [[')[0]}"
+                         ) from None
 
   def close(self) -> None:
     self._session.close()
@@ -93,7 +106,10 @@ def _check_names(model: SessionModel, row: dict, *, where: str) -> None:
   takes = ", ".join(sorted(model.inputs))
   for name in sorted(model.inputs):
     if name not in row:
-      raise PredictError(f"{where}: feature {name!r} is missing (the model takes: {takes})")
+      renamed = [key for key in row if key != name and safe_name(key) == name]
+      hint = (f"; {renamed[0]!r} is sent as {name!r}: inputs are named with each character outside "
+              "[A-Za-z0-9_.-] as _" if renamed else "")
+      raise PredictError(f"{where}: feature {name!r} is missing (the model takes: {takes}){hint}")
   for name in row:
     if name not in model.inputs:
       raise PredictError(f"{where}: {name!r} is not an input of the model (it takes: {takes})")

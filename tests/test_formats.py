@@ -235,6 +235,31 @@ def test_multi_label_annotations_and_arrays_read_as_multi_hot(tmp_path):
   np.testing.assert_array_equal(labels, expected)
 
 
+def test_one_export_of_every_split_infers_from_its_training_lines_only(tmp_path):
+  """A class that only test lines name must not reach the schema (nor their values the statistics)."""
+  export = tmp_path / "export.jsonl"
+  with open(export, "w") as f:
+    for i in range(40):
+      use = "test" if i % 4 == 0 else "training"
+      f.write(json.dumps({"v": float(i), "classificationAnnotation": {"displayName": "secret" if use == "test" else
+                                                                       ("a", "b")[i % 2]},
+                          "dataItemResourceLabels": {"aiplatform.googleapis.com/ml_use": use}}) + "\n")
+  source = dataclasses.replace(_source(str(export)), ml_use="training")
+  assert formats.count_ml_use([str(export)], _source(str(export)), flag="f") == {
+      "training": 30, "validation": 0, "test": 10, "": 0}
+  schema = schema_inference.infer_schema([str(export)], source, schema_inference.InferenceConfig(
+      label=formats.VERTEX_LABEL), flag="f", log=lambda _: None)
+  assert schema.label.vocabulary == ("a", "b")
+  _, labels = _read_all(str(export), schema, source)
+  assert len(labels) == 30
+
+
+def test_image_folders_leave_stray_files_out():
+  images = [f"gs://b/train/{c}/{i}.png" for c in "ab" for i in range(10)]
+  assert formats.image_folder_files(images + ["gs://b/train/labels.csv"]) == (images, ["gs://b/train/labels.csv"])
+  assert formats.image_folder_files(images[:5] + ["gs://b/data.csv"]) == (images[:5] + ["gs://b/data.csv"], [])
+
+
 def test_multi_label_records_that_do_not_fit_are_named():
   schema = schema_lib.parse_schema({"features": [{"name": "t", "type": "float"}], "label": {
       "name": formats.VERTEX_MULTI_LABEL, "type": "string", "vocabulary": ["a", "b"], "multi_label": True}},
@@ -516,12 +541,12 @@ def test_corrupt_gzip_and_undecodable_images(iris_files, tmp_path):
   path = str(tmp_path / "images.tfrecord")
   with tf.io.TFRecordWriter(path) as writer:
     for i in range(40):
-      data = b"GIF89a not really" if i == 30 else _png(images[i])
+      data = b"not an image at all" if i == 30 else _png(images[i])
       writer.write(tf.train.Example(features=tf.train.Features(feature={
           "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[data])),
           "digit": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(labels[i])]))})).SerializeToString())
-  assert _first_error(path, image_schema) == (f"--train_data: {path} record 31: feature 'image' is not a PNG or "
-                                              "JPEG image (it starts b'GIF89a n')")
+  assert _first_error(path, image_schema) == (f"--train_data: {path} record 31: feature 'image' is not a PNG, "
+                                              "JPEG, GIF or BMP image (it starts b'not an i')")
 
 
 def test_mixed_compressions_and_formats_under_one_pattern(iris_files, tmp_path):

@@ -156,7 +156,10 @@ def test_vertex_multi_label_export_split_by_its_ml_use_labels(digits, tmp_path):
   from sklearn.multiclass import OneVsRestClassifier  # pylint: disable=g-import-not-at-top
 
   frame = digits["frames"]["PNG"]
-  ml_use = lambda i: {0: "test", 1: "validation", 2: None}.get(i % 10, "training")  # pylint: disable=unnecessary-lambda-assignment
+
+  def ml_use(i):
+    return {0: "test", 1: "validation", 2: None}.get(i % 10, "training")
+
   _vertex_multi_label_export(tmp_path / "export.jsonl", frame, ml_use)
   split = np.array([ml_use(i) or "training" for i in range(len(frame))])
   targets = np.array([[holds(d) for holds in DIGIT_PROPERTIES.values()] for d in frame["digit"]], dtype=int)
@@ -191,6 +194,17 @@ def test_vertex_multi_label_export_split_by_its_ml_use_labels(digits, tmp_path):
   served = np.array([p["predicted"] for p in predictions])
   assert np.mean(served == targets[rows][:, order]) >= baseline_accuracy - 0.1
   np.testing.assert_array_equal(served, np.array([p["probabilities"] for p in predictions]) > 0.5)
+  # Bytes that are no image, and a path sent where the bytes belong: one line each, as TF Serving answers 400.
+  from scripts import predict  # pylint: disable=g-import-not-at-top
+
+  model = predict.SessionModel(str(out / "model"))
+  try:
+    for value in ({"b64": base64.b64encode(b"not a picture").decode()}, frame["path"].iloc[0]):
+      with pytest.raises(predict.PredictError, match=r"^the model cannot compute a prediction for these instances: "
+                                                     r".*(image|Image)"):
+        predict.predict(model, {"instances": [{"imageGcsUri": value}]})
+  finally:
+    model.close()
 
 
 @pytest.mark.long
@@ -212,6 +226,29 @@ def test_class_folders_on_a_two_process_multi_worker_job(digits, tmp_path):
   metrics = _metrics(out / "model")
   assert metrics["num_replicas"] == 2 and metrics["eval_examples"] == EVAL_ROWS
   assert metrics["eval_accuracy"] >= digits["baselines"]["PNG"] - MARGIN, (metrics, digits["baselines"])
+
+
+def test_class_folders_with_gif_bmp_and_stray_files(digits, tmp_path):
+  """Class folders as people fill them: GIF and BMP files (Pillow, greyscale and colour) among the PNGs, a notes.txt
+  in a class folder and a labels.csv at the top, which Keras' image_dataset_from_directory leaves out too."""
+  frame = digits["frames"]["PNG"]
+  for i, (path, digit) in enumerate(zip(frame["path"].iloc[:800], frame["digit"].iloc[:800])):
+    folder = tmp_path / ("train" if i < 600 else "eval") / f"digit{digit}"
+    folder.mkdir(parents=True, exist_ok=True)
+    with Image.open(path) as image:
+      kind = ("GIF", "BMP", "PNG")[i % 3]
+      (image.convert("RGB") if i % 6 == 1 else image).save(folder / f"{i}.{kind.lower()}", format=kind)
+  (tmp_path / "train" / "digit3" / "notes.txt").write_text("scanned on tuesday\n")
+  (tmp_path / "train" / "labels.csv").write_text("file,label\n")
+  out = tmp_path / "out"
+  result = procs.run_trainer([f"--train_data={tmp_path}/train/", f"--eval_data={tmp_path}/eval/",
+                              f"--output_dir={out}", "--train_steps=150", "--global_batch_size=32"], timeout=TIMEOUT)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "600 image file(s) and 2 other file(s), left out" in result.stderr
+  with open(out / "model" / "schema.json") as f:
+    image = schema_lib.parse_schema(json.load(f), source="schema.json").feature("image")
+  assert image.shape[:2] == (8, 8)
+  assert _metrics(out / "model")["eval_accuracy"] > 0.8
 
 
 def _errors(result) -> list[str]:

@@ -247,6 +247,24 @@ def test_vertex_text_export_through_aip_variables_needs_no_label(reviews, tmp_pa
   assert np.mean([p["class_name"] == y for p, y in zip(predictions, rows["category"])]) >= reviews["baseline"] - 0.1
 
 
+def test_no_break_spaces_stay_inside_tokens_as_keras_splits_them(tmp_path):
+  """Scraped text holds U+00A0: TensorFlow splits at ASCII whitespace only, so "\u2014\u00a0" is one token, which
+  the inferred schema keeps and TextVectorization looks up."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  texts = [f"speech {i} \u2014\u00a0and so on\u00a0we go" for i in range(150)]
+  (tmp_path / "t.csv").write_text("text,y\n" + "".join(f"{t},{i % 2}\n" for i, t in enumerate(texts)))
+  path = str(tmp_path / "t.csv")
+  schema = schema_inference.infer_schema([path], formats.source_for([path], flag="f"),
+                                         schema_inference.InferenceConfig(label="y"), flag="f", log=lambda _: None)
+  text = schema.feature("text")
+  assert text.type == "text" and "\u2014\u00a0and" in text.vocabulary
+  vectorize = tf.keras.layers.TextVectorization(vocabulary=list(text.vocabulary))
+  ids = vectorize(tf.constant([texts[0]])).numpy()[0]
+  assert [vectorize.get_vocabulary()[i] for i in ids if i] == [
+      token if token in text.vocabulary else "[UNK]" for token in feature_kinds.text_tokens(texts[0])]
+
+
 def test_vertex_multi_label_text_export_in_one_file(reviews, tmp_path):
   """Vertex's multi-label text export, every split in one file: each review is fresh, rotten or a plot synopsis,
   and "long" when it runs past 25 words; against one-vs-rest bag-of-words logistic regression on the same split,

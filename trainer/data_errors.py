@@ -84,11 +84,20 @@ def _file_problem(message: str) -> str:
   return message.splitlines()[0] if message else "unknown"
 
 
+# What a tf.data function said, after the iterator's name ("... transformation with iterator: Iterator::Root::...:
+# channels must be 0 or 3 for GIF, got 1"): the cause when no pattern above knows it.
+_FUNCTION_SAID = re.compile(r"transformation with iterator: [\w:]+: (.+)$")
+
+
 def _detail(error: BaseException, message: str) -> str:
   for line in message.splitlines():
     match = _DETAIL.search(line)
     if match:
       return match.group(1).split(" [[")[0].replace(features_lib.CHECK_PREFIX, "").strip(" ]")
+  for line in message.splitlines():
+    match = _FUNCTION_SAID.search(line)
+    if match:
+      return match.group(1).split(" [[")[0].strip()
   return first_line(error)
 
 

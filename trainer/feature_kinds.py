@@ -191,16 +191,16 @@ class Image(Kind):
     return Spec(tuple(feature.shape), "float32")
 
   def serving_input(self, feature):
-    if feature.encoding in ("png", "jpeg"):
-      # PNG/JPEG bytes; in Vertex's JSON instances {"b64": "..."}, which TF Serving decodes for string inputs.
+    if feature.encoding in schema_lib.ENCODED_IMAGES:
+      # An image file's bytes; in Vertex's JSON instances {"b64": "..."}, which TF Serving decodes for string inputs.
       return Spec((), "string")
     return Spec(tuple(feature.shape), "float32")
 
   def openapi(self, feature):
-    if feature.encoding in ("png", "jpeg"):
+    if feature.encoding in schema_lib.ENCODED_IMAGES:
       # Binary strings travel as {"b64": ...} in Vertex's JSON instances.
       return {"type": "object", "required": ["b64"], "properties": {"b64": {"type": "string", "format": "byte"}},
-              "description": f"{feature.encoding.upper()} bytes, base64"}
+              "description": "an image file's bytes (PNG, JPEG, GIF or BMP), base64"}
     shaped: dict[str, Any] = dict(_NUMBER)
     for size in reversed(feature.shape or ()):
       shaped = {"type": "array", "items": shaped, "minItems": size, "maxItems": size}
@@ -241,16 +241,26 @@ URI_PROBLEM = "[uri]"  # marks a data check about a file a column names: data_er
 
 
 def _decode_images(data, feature: schema_lib.Feature):
-  """uint8 or float32 [batch, height, width, channels] from raw bytes or PNG/JPEG bytes (resized to the
-  schema's shape where an image differs, as Keras' image_dataset_from_directory does)."""
+  """uint8 or float32 [batch, height, width, channels] from raw bytes or image files' bytes, PNG, JPEG, GIF (its
+  first frame) or BMP (resized to the schema's shape where an image differs, as Keras'
+  image_dataset_from_directory does)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   height, width, channels = feature.shape
   if feature.encoding in (None, "raw"):
     return tf.reshape(tf.io.decode_raw(data, tf.uint8), (-1,) + feature.shape)
 
+  def decode_gif_or_bmp(one):
+    # Their decoders give 3 (or 4) channels only: RGB, then the schema's channels.
+    image = tf.io.decode_image(one, channels=3, expand_animations=False)
+    return tf.image.rgb_to_grayscale(image) if channels == 1 else image
+
   def decode(one):
-    image = tf.io.decode_image(one, channels=channels, expand_animations=False)
+    gif_or_bmp = tf.logical_or(tf.equal(tf.strings.substr(one, 0, 4), b"GIF8"),
+                               tf.equal(tf.strings.substr(one, 0, 2), b"BM"))
+    image = tf.cond(gif_or_bmp, lambda: decode_gif_or_bmp(one),
+                    lambda: tf.io.decode_image(one, channels=channels, expand_animations=False))
+    image = tf.ensure_shape(image, [None, None, channels])
     same = tf.reduce_all(tf.shape(image)[:2] == [height, width])
     image = tf.cond(same, lambda: tf.cast(image, tf.float32),
                     lambda: tf.image.resize(tf.cast(image, tf.float32), [height, width]))

@@ -70,6 +70,20 @@ def is_image_file(path: str) -> bool:
   return path.lower().endswith(IMAGE_EXTENSIONS)
 
 
+# Class folders (Keras' image_dataset_from_directory) often hold a stray file (notes.txt, a labels.csv at the top):
+# Keras reads only image files; so does the trainer when at least this share of the listed files are images.
+IMAGE_FOLDER_SHARE = 0.9
+
+
+def image_folder_files(files: list[str]) -> tuple[list[str], list[str]]:
+  """(the image files, the other files left out) when the files are mostly images (`IMAGE_FOLDER_SHARE`), else
+  (files, [])."""
+  images = [path for path in files if is_image_file(path)]
+  if images and len(images) < len(files) and len(images) >= IMAGE_FOLDER_SHARE * len(files):
+    return images, [path for path in files if not is_image_file(path)]
+  return files, []
+
+
 def folder_class(path: str) -> str:
   """The class of an image in a folder-per-class layout: the name of the folder that holds it."""
   parts = path.rstrip("/").split("/")
@@ -382,7 +396,9 @@ def iter_records(path: str, source: Source, *, flag: str) -> Iterator[tuple[str,
         continue
       yield f"line {line}", dict(zip(source.columns, row))
   elif source.format == "jsonl":
-    yield from _iter_jsonl(path, source.compression, flag=flag)
+    for where, record in _iter_jsonl(path, source.compression, flag=flag):
+      if source.ml_use is None or _of_split(record, source.ml_use):
+        yield where, record
   elif source.format == "parquet":
     from trainer import parquet  # pylint: disable=g-import-not-at-top
 
@@ -461,6 +477,12 @@ def vertex_export_label(path: str, source: Source, *, flag: str) -> str | None:
       return VERTEX_MULTI_LABEL
     return next((name for name in VERTEX_LABELS if name in record), None)
   return None
+
+
+def _of_split(record: dict[str, Any], ml_use: str) -> bool:
+  """Whether a Vertex export's record belongs to split `ml_use` (as `ml_use_predicate` decides in the graph)."""
+  value = record.get(VERTEX_ML_USE)
+  return value not in ("validation", "test") if ml_use == "training" else value == ml_use
 
 
 def ml_use_predicate(ml_use: str):

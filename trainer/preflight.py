@@ -103,6 +103,12 @@ def check_inputs(config: config_lib.Config) -> Inputs:
   files, sources = {}, {}
   for split, (flag, pattern) in splits.items():
     files[split] = storage.list_files(pattern, flag=flag)
+    if data_cfg.format == "auto" and not data_cfg.vertex_format:
+      files[split], left_out = formats.image_folder_files(files[split])
+      if left_out:
+        logging.warning("%s: %d image file(s) and %d other file(s), left out as Keras' image_dataset_from_directory "
+                        "leaves them: %s", flag, len(files[split]), len(left_out),
+                        ", ".join(left_out[:5]) + (", ..." if len(left_out) > 5 else ""))
     sources[split] = formats.resolve(files[split], requested=data_cfg.format, vertex_format=data_cfg.vertex_format,
                                      flag=flag)
   if data_cfg.label is None and sources["train"].format == "image_folder":
@@ -353,9 +359,9 @@ def _value_problem(name, kind, value, feature, label, source) -> str | None:
         value = base64.b64decode(value["b64"], validate=True)
       except ValueError:
         return f"column {name!r} holds a 'b64' value that is not base64"
-    if feature.encoding in ("png", "jpeg"):
+    if feature.encoding in schema_lib.ENCODED_IMAGES:
       if schema_inference.image_size(value) is None:
-        return f"{what} {name!r} is not a PNG or JPEG image (it starts {value[:8]!r})"
+        return f"{what} {name!r} is not a PNG, JPEG, GIF or BMP image (it starts {value[:8]!r})"
     else:
       size = feature.shape[0] * feature.shape[1] * feature.shape[2]
       if len(value) != size:

@@ -50,7 +50,8 @@ from trainer.errors import UserError
 
 FEATURE_TYPES = ("float", "int", "string", "text", "image")
 LABEL_TYPES = ("int", "float", "string")
-IMAGE_ENCODINGS = ("raw", "png", "jpeg")
+IMAGE_ENCODINGS = ("raw", "png", "jpeg", "gif", "bmp")
+ENCODED_IMAGES = IMAGE_ENCODINGS[1:]  # image files' bytes, decoded in the input pipeline (any of them, whatever it says)
 DEFAULT_IMAGE_MAX = 255.0
 # Each schema type's `tf.train.Example` list and the dtype it parses to (TensorFlow dtype names, so this module
 # imports no TensorFlow). The one table every reader, checker and converter uses.
@@ -291,7 +292,9 @@ def _text_settings(raw: dict[str, Any], *, name: str, source: str) -> tuple[tupl
       or len(set(vocabulary)) != len(vocabulary)):
     raise UserError(f"schema {source}: text feature {name!r} needs a 'vocabulary': a non-empty list of distinct "
                     "tokens (python -m trainer.schema_inference writes one from the data)")
-  bad = [token for token in vocabulary if token in RESERVED_TOKENS or token != token.strip() or " " in token]
+  # Whitespace as TensorFlow's string split (and so TextVectorization) knows it: ASCII only; a no-break space is
+  # part of a token.
+  bad = [token for token in vocabulary if token in RESERVED_TOKENS or any(c in " \t\n\r\f\v" for c in token)]
   if bad:
     raise UserError(f"schema {source}: text feature {name!r} has vocabulary entry {bad[0]!r}; tokens hold no "
                     f"whitespace, and {RESERVED_TOKENS[1]!r} and '' are reserved (out of vocabulary, padding)")

@@ -280,7 +280,15 @@ def _observe_bytes(column: _Column, data: bytes) -> None:
 
 
 def image_size(data: bytes) -> tuple[int, int, int, str] | None:
-  """(height, width, channels, encoding) from a PNG or JPEG header, None for anything else. Pure Python."""
+  """(height, width, channels, encoding) from a PNG, JPEG, GIF or BMP header, None for anything else. Pure
+  Python. GIF and BMP palettes are read as colour (3 channels), except an 8-bit BMP (grey, as Pillow writes it)."""
+  if data[:4] == b"GIF8" and len(data) >= 10:
+    width, height = struct.unpack("<HH", data[6:10])
+    return height, width, 3, "gif"
+  if data[:2] == b"BM" and len(data) >= 30:
+    width, height = struct.unpack("<ii", data[18:26])
+    bits = struct.unpack("<H", data[28:30])[0]
+    return abs(height), width, 1 if bits == 8 else 3, "bmp"
   if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 26 and data[12:16] == b"IHDR":
     width, height = struct.unpack(">II", data[16:24])
     channels = {0: 1, 4: 1}.get(data[25], 3)  # grey (+alpha) -> 1; RGB, palette, RGBA -> 3
@@ -320,8 +328,9 @@ def _feature(column: _Column, data_format: str, config: InferenceConfig, *, log,
     return _numeric_feature(column, data_format, log=log)
   if dominant == "image":
     (height, width, channels, encoding), count = column.images.most_common(1)[0]
-    if len(column.images) > 1:
-      log(f"schema inference: image {name!r} comes in {len(column.images)} sizes; {height}x{width} (the most "
+    sizes = {size[:3] for size in column.images}  # not the encoding: PNG and JPEG of one size are one size
+    if len(sizes) > 1:
+      log(f"schema inference: image {name!r} comes in {len(sizes)} sizes; {height}x{width}x{channels} (the most "
           "common) is used, others are resized to it")
     return {"name": name, "type": "image", "shape": [height, width, channels], "encoding": encoding,
             "max_value": 255}
@@ -403,8 +412,8 @@ def _image_uri_feature(column: _Column, *, log) -> dict[str, Any]:
     head = formats.read_head(_gs(uri), _IMAGE_HEAD_BYTES, flag=f"column {name!r}")
     size = image_size(head)
     if size is None:
-      raise UserError(f"column {name!r} names {uri}, which is not a PNG or JPEG image (it starts {head[:8]!r}); "
-                      "the trainer reads image files as PNG, JPEG, GIF or BMP")
+      raise UserError(f"column {name!r} names {uri}, which is not a PNG, JPEG, GIF or BMP image (it starts "
+                      f"{head[:8]!r})")
     sizes[size] += 1
   (height, width, channels, encoding), _ = sizes.most_common(1)[0]
   scale = min(1.0, MAX_INFERRED_IMAGE_SIDE / max(height, width))
@@ -412,7 +421,7 @@ def _image_uri_feature(column: _Column, *, log) -> dict[str, Any]:
   log(f"schema inference: {name!r} holds image URIs ({len(uris)} file header(s) read): an image of "
       f"{shape[0]}x{shape[1]}x{channels} read from the files in the input pipeline"
       + (f" (the most common size, {height}x{width}, scaled to fit {MAX_INFERRED_IMAGE_SIDE}; images of other sizes "
-         "are resized to it)" if scale < 1 or len(sizes) > 1 else ""))
+         "are resized to it)" if scale < 1 or len({size[:3] for size in sizes}) > 1 else ""))
   return {"name": name, "type": "image", "uri": True, "shape": shape, "encoding": encoding, "max_value": 255}
 
 
