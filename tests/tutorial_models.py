@@ -68,3 +68,51 @@ def text_embedding_bag(schema, hparams):
   x = keras.layers.Embedding(len(text.vocabulary) + 2, 16)(x)
   x = keras.layers.GlobalAveragePooling1D()(keras.layers.Dropout(0.2)(x))
   return keras.Model(inputs, keras.layers.Dense(schema.label.num_classes, activation="softmax")(x))
+
+
+class DictSoftmax(keras.Model):
+  """keras.io "Making new layers and models via subclassing": layers made in __init__, call() over a dict of the
+  numeric features by name, softmax out."""
+
+  def __init__(self, schema):
+    super().__init__()
+    self.numeric = [(f.input_name, f.mean or 0.0, f.std or 1.0) for f in schema.features if f.type in ("float", "int")]
+    self.hidden = keras.layers.Dense(16, activation="relu")
+    self.out = keras.layers.Dense(schema.label.num_classes, activation="softmax")
+
+  def call(self, features):
+    columns = [(keras.ops.reshape(features[name], (-1, 1)) - mean) / std for name, mean, std in self.numeric]
+    return self.out(self.hidden(keras.ops.concatenate(columns, axis=-1)))
+
+
+class VectorHead(keras.Model):
+  """The same over one vector of the numeric features, ending in `activation` over `units`."""
+
+  def __init__(self, units, activation=None):
+    super().__init__()
+    self.hidden = keras.layers.Dense(16, activation="relu")
+    self.out = keras.layers.Dense(units, activation=activation)
+
+  def call(self, x):
+    return self.out(self.hidden(x))
+
+
+def subclassed_dict_softmax(schema, hparams):
+  del hparams
+  return DictSoftmax(schema)
+
+
+def subclassed_vector_logits(schema, hparams):
+  del hparams
+  return VectorHead(schema.label.num_classes)
+
+
+def subclassed_vector_softmax(schema, hparams):
+  del hparams
+  return VectorHead(schema.label.num_classes, "softmax")
+
+
+def subclassed_vector_sigmoid(schema, hparams):
+  """One sigmoid unit for a two-class label."""
+  del hparams
+  return VectorHead(1, "sigmoid")

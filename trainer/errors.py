@@ -4,6 +4,8 @@
 its traceback.
 """
 
+import re
+
 
 class UserError(Exception):
   """Bad input from the user: a flag, an environment variable, a file or a record.
@@ -20,7 +22,17 @@ DATA_CHECK_PREFIX = "trainer-data-check:"
 def first_line(error: BaseException, *, limit: int = 300) -> str:
   """The first line of an exception's message (TensorFlow's `OpError.message` included), for a one-line error."""
   text = str(getattr(error, "message", None) or error).strip()
-  return text.splitlines()[0].split(" [[")[0][:limit] if text else type(error).__name__
+  if not text:
+    return type(error).__name__
+  lines = [line for line in text.splitlines() if line.strip()]
+  first = lines[0]
+  if first.startswith("Exception encountered when calling") and len(lines) > 1:
+    # Keras 3 says where first and what after it (in bold): "... when calling Dense.call(): <what went wrong>".
+    first = f"{first.rstrip('.')}: {_ANSI.sub('', lines[1]).strip()}"
+  return first.split(" [[")[0][:limit]
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class ExternalFailure(Exception):

@@ -12,6 +12,7 @@ from typing import Any
 from absl import flags
 
 from trainer import config as config_lib
+from trainer import hparams as hparams_lib
 from trainer import objective as objective_lib
 from trainer import paths
 from trainer import schema as schema_lib
@@ -132,8 +133,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                     "terminal), else text.", **fv)
 
 
-def config_from_flags(values: flags.FlagValues, env: config_lib.Environment) -> config_lib.Config:
-  """Builds and validates the typed config from parsed flags and the environment."""
+def config_from_flags(values: flags.FlagValues, env: config_lib.Environment, *,
+                      check_model: bool = True) -> config_lib.Config:
+  """Builds and validates the typed config from parsed flags and the environment. `check_model=False` (tooling
+  away from the user's code) takes --hparams as written when the plug-in module cannot be imported."""
   train_pattern = values.train_data or env.aip_training_data_uri
   if not train_pattern:
     raise UserError("--train_data is required (or set AIP_TRAINING_DATA_URI)")
@@ -214,7 +217,8 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment) -> 
           strategy=values.strategy, num_cpu_devices=values.num_cpu_devices, tpu=values.tpu or env.tpu_name,
           peer_timeout_secs=values.peer_timeout_secs,
           reduction_server=values.reduction_server),
-      hparams=_parse_hparams(values.hparams),
+      hparams=(hparams_lib.values(values, model=values.model, hparams_json=_parse_hparams(values.hparams))
+               if check_model else _parse_hparams(values.hparams)),
   )
   config_lib.validate(config)
   return config
@@ -275,13 +279,18 @@ def check_args(args: list[str], *, where: str) -> None:
   submits or starts jobs: a bad arg fails here, not on Vertex after machines are provisioned)."""
   values = flags.FlagValues()
   define_flags(values)
+  model = hparams_lib.model_from_argv(args)
+  check_model = hparams_lib.importable(model)  # a plug-in package may be installed only where the job runs
   try:
+    hparams_lib.define(values, hparams_lib.declared(model) if check_model else None, model=model or "")
     rest = values(["trainer.task", *args])
   except flags.Error as e:
     raise UserError(f"{where}: trainer args rejected: {' '.join(str(e).split())}") from None
+  except UserError as e:
+    raise UserError(f"{where}: trainer args rejected: {e}") from None
   if len(rest) > 1:
     raise UserError(f"{where}: trainer args rejected: unexpected positional argument(s) {' '.join(rest[1:])}")
   try:
-    config_from_flags(values, _PLACEHOLDER_ENV)
+    config_from_flags(values, _PLACEHOLDER_ENV, check_model=check_model)
   except UserError as e:
     raise UserError(f"{where}: trainer args rejected: {e}") from None

@@ -79,7 +79,7 @@ def resolve_builder(name: str) -> Callable[..., Any]:
                       f"{first_line(e)}") from None
     if not isinstance(model, tf.keras.Model):
       raise UserError(f"--model={name!r}: build_fn returned {type(model).__name__}, expected a keras.Model")
-    compiled = user_compile(model, schema)
+    compiled = user_compile(model, schema, flag=f"--model={name!r}")
     model = adapt_to_contract(model, schema, flag=f"--model={name!r}")
     check_outputs(model, schema, flag=f"--model={name!r}")
     if compiled is not None:
@@ -131,7 +131,7 @@ class UserCompile:
     return tf.reshape(fn(labels, outputs), [-1])
 
 
-def user_compile(model, schema: schema_lib.Schema) -> UserCompile | None:
+def user_compile(model, schema: schema_lib.Schema, *, flag: str = "--model") -> UserCompile | None:
   """The loss, optimizer and metrics of a plug-in model that arrived compiled (Keras 3 or tf_keras), else None."""
   loss = getattr(model, "loss", None)
   optimizer = getattr(model, "optimizer", None)
@@ -143,7 +143,7 @@ def user_compile(model, schema: schema_lib.Schema) -> UserCompile | None:
     metrics = getattr(getattr(model, "compiled_metrics", None), "_user_metrics", None)
   if isinstance(metrics, dict) or isinstance(loss, (dict, list)):
     return None  # per-output losses or metrics: the model has one output here, so these are not ours to map
-  activation, _, binary = _output_form(model, schema)
+  activation, _, binary = _output_form(model, schema, flag=flag)
   return UserCompile(loss=loss, optimizer=optimizer, metrics=tuple(metrics or ()), activation=activation,
                      binary_unit=binary, multi_label=schema.task == "multi_label")
 
@@ -236,6 +236,8 @@ def adapt_to_contract(model, schema: schema_lib.Schema, *, flag: str):
   input_mode = "dict"
   if names is None and _is_unbuilt_sequential(model):
     input_mode = "vector"
+  elif names is None:
+    input_mode = _probe_subclassed(model, schema, flag=flag)[0]
   elif names is not None and not set(names) <= set(features):
     numeric_size = sum(f.values_per_example for f in _numeric_features(schema))
     shape = tuple(model.inputs[0].shape) if len(names) == 1 else ()
@@ -250,7 +252,7 @@ def adapt_to_contract(model, schema: schema_lib.Schema, *, flag: str):
   string_inputs = tuple(name for name, tensor in zip(names or (), getattr(model, "inputs", None) or ())
                         if name in features and features[name].is_categorical
                         and "string" in str(getattr(tensor, "dtype", "")))
-  activation, units, binary = _output_form(model, schema)
+  activation, units, binary = _output_form(model, schema, flag=flag)
   if schema.task == "multi_label" and activation == "softmax":
     raise UserError(f"{flag}: the model ends in a softmax (one class per example); label {schema.label.name!r} "
                     f"is multi-label (any of its {schema.label.num_classes} classes per example): end in a sigmoid "
@@ -261,8 +263,13 @@ def adapt_to_contract(model, schema: schema_lib.Schema, *, flag: str):
                     f"{schema.label.num_classes} units, one sigmoid unit for two classes, or logits")
   if input_mode == "dict" and not string_inputs and activation is None and not binary:
     return model
-  return _ContractAdapter(model, schema, input_mode=input_mode, string_inputs=string_inputs,
-                          activation=activation, binary=binary)
+  try:
+    return _ContractAdapter(model, schema, input_mode=input_mode, string_inputs=string_inputs,
+                            activation=activation, binary=binary)
+  except Exception as e:  # pylint: disable=broad-except  (the user's call() on symbolic inputs: theirs to see)
+    fed = "numeric vector" if input_mode == "vector" else "features by name"
+    raise UserError(f"{flag}: calling the model on the schema's {fed} as Keras inputs failed "
+                    f"({type(e).__name__}: {first_line(e)})") from None
 
 
 def _is_unbuilt_sequential(model) -> bool:
@@ -271,19 +278,49 @@ def _is_unbuilt_sequential(model) -> bool:
   return isinstance(model, tf.keras.Sequential) and not getattr(model, "inputs", None)
 
 
-def _output_units(model) -> int | None:
+def _output_units(model, schema: schema_lib.Schema, *, flag: str) -> int | None:
   outputs = getattr(model, "outputs", None)
   if outputs and len(outputs) == 1 and outputs[0].shape and len(outputs[0].shape) == 2:
     return outputs[0].shape[-1]
   if _is_unbuilt_sequential(model) and getattr(model.layers[-1], "units", None):
     return model.layers[-1].units
+  if input_names(model) is None and not _is_unbuilt_sequential(model):
+    return _probe_subclassed(model, schema, flag=flag)[1]
   return None
 
 
-def _output_form(model, schema: schema_lib.Schema) -> tuple[str | None, int | None, bool]:
+def _probe_subclassed(model, schema: schema_lib.Schema, *, flag: str) -> tuple[str, int | None]:
+  """("dict" or "vector", output units) of a subclassed model, which declares neither its inputs nor its outputs:
+  called on a batch of the schema's features by name, else on one vector of the numeric ones (as tutorials write
+  `call`). Remembered on the model: the probe builds its layers once."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  known = getattr(model, "_trainer_probe", None)
+  if known is not None:
+    return known
+  size = 2
+  numeric_size = sum(f.values_per_example for f in _numeric_features(schema))
+  failures = []
+  for mode, batch in (("dict", lambda: sample_batch(schema, size)),
+                      ("vector", lambda: tf.zeros((size, numeric_size)))):
+    try:
+      outputs = model(batch(), training=False)
+    except Exception as e:  # pylint: disable=broad-except  (the user's code: any failure is theirs to see)
+      failures.append(f"{mode}: {type(e).__name__}: {first_line(e)}")
+      continue
+    shape = tuple(getattr(outputs, "shape", ()))
+    model._trainer_probe = (mode, shape[-1] if len(shape) == 2 else None)  # pylint: disable=protected-access
+    return model._trainer_probe  # pylint: disable=protected-access
+  raise UserError(f"{flag}: the subclassed model's call() fails on a dict of the schema's features by name "
+                  f"({', '.join(f.input_name for f in schema.features)}) and on one vector of the {numeric_size} "
+                  f"numeric value(s), shape ({size}, {numeric_size}); it must take one of them "
+                  f"({'; '.join(failures)})")
+
+
+def _output_form(model, schema: schema_lib.Schema, *, flag: str) -> tuple[str | None, int | None, bool]:
   """(output activation for a classifier, output units, one unit for a two-class task): what the adapter
   wraps, and what a compiled plug-in's own loss expects back."""
-  units = _output_units(model)
+  units = _output_units(model, schema, flag=flag)
   classification = schema.task in ("classification", "multi_label")
   binary = schema.task == "classification" and schema.label.num_classes == 2 and units == 1
   return (output_activation(model) if classification else None), units, binary
@@ -340,7 +377,7 @@ def _ContractAdapter(model, schema, *, input_mode, string_inputs, activation, bi
     taken = {f.input_name: inputs[f.input_name] for f in numeric}
     fed = tf.keras.layers.Concatenate(name="numeric_vector")(columns) if len(columns) > 1 else columns[0]
   else:
-    names = input_names(model)
+    names = input_names(model) or list(inputs)  # a subclassed model over the dict: every feature, by name
     taken = {name: inputs[name] for name in names}
     by_name = {f.input_name: f for f in schema.features}
     fed = {name: (ids_to_strings(by_name[name].vocabulary, name=f"{name}_strings")(tensor)

@@ -23,6 +23,7 @@ from absl import logging
 
 from trainer import config as config_lib
 from trainer import flags as trainer_flags
+from trainer import hparams as hparams_lib
 from trainer import logs
 from trainer import preemption
 from trainer import storage
@@ -47,10 +48,14 @@ def run_command(argv: list[str], environ: MutableMapping[str, str], *,
   if flag_values is None:
     flag_values = flags.FLAGS
   else:
+    storage.configure_gcs(environ)  # a plug-in module imported for its HPARAMS may import TensorFlow
     try:
+      hparams_lib.define_for_argv(flag_values, argv)
       argv = flag_values(argv)
+    except UserError as e:
+      return _fail(str(e))
     except flags.Error as e:
-      return _fail(f"{' '.join(str(e).split())} (see --help)")
+      return _fail(hparams_lib.explain_flag_error(e, argv))
   if len(argv) > 1:
     return _fail(f"unexpected positional argument(s): {' '.join(argv[1:])}; every option is a --flag "
                  "(see --help)")
@@ -94,12 +99,16 @@ def main(argv: list[str]) -> int:
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
-  """absl's parser, but a bad flag is one 'error:' line and exit 2 like every other bad input."""
+  """absl's parser, with a plug-in model's declared hyperparameters as flags (`trainer.hparams`); a bad flag is
+  one 'error:' line and exit 2 like every other bad input."""
   try:
+    storage.configure_gcs(os.environ)  # before the plug-in module (which may import TensorFlow) is imported
+    hparams_lib.define_for_argv(flags.FLAGS, argv)
     return flags.FLAGS(argv)
-  except flags.Error as e:
+  except (flags.Error, UserError) as e:
+    message = str(e) if isinstance(e, UserError) else hparams_lib.explain_flag_error(e, argv)
     log_format = logs.resolve("auto", os.environ, sys.stderr)  # the flags, --log_format included, did not parse
-    sys.stderr.write(logs.error_line(f"{' '.join(str(e).split())} (see --help)", log_format, os.environ) + "\n")
+    sys.stderr.write(logs.error_line(message, log_format, os.environ) + "\n")
     sys.exit(EXIT_USER_ERROR)
 
 
