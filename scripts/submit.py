@@ -46,9 +46,15 @@ class SubmitError(RuntimeError):
 
 
 def build_sdist(out_dir: str) -> str:
-  """`python setup.py sdist` of the trainer; returns the archive path."""
-  result = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "--formats=gztar", "--dist-dir", out_dir],
-                          cwd=REPO, capture_output=True, text=True, check=False)
+  """`python setup.py sdist` of the trainer; returns the archive path. setuptools makes its release tree
+  (vertex-tf-trainer-<version>/) and egg-info in the checkout itself, so two builds at once (two submits, or
+  tests in parallel) would delete each other's files: one build at a time per machine."""
+  import fcntl  # pylint: disable=g-import-not-at-top
+
+  with open(os.path.join(tempfile.gettempdir(), "vertex-tf-trainer-sdist.lock"), "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    result = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "--formats=gztar", "--dist-dir", out_dir],
+                            cwd=REPO, capture_output=True, text=True, check=False)
   if result.returncode:
     raise SubmitError(f"building the sdist failed: {result.stderr.strip().splitlines()[-1:]}")
   (archive,) = glob.glob(os.path.join(out_dir, "*.tar.gz"))

@@ -130,3 +130,16 @@ def test_a_trial_passes_its_parameters_by_name(churn_data, tmp_path):
   assert re.match(r"^error: Unknown command line flag 'unitz'.*--model=tunable:build declares units, dropout, "
                   r"activation, batch_norm", errors[0]), errors
   assert not (tmp_path / "bad").exists()
+
+
+def test_the_trainers_integer_flags_take_a_whole_number_written_as_a_float():
+  """Vertex AI tuning passes a DISCRETE parameter's values as floats ("256.0"): cloud_configs/hp_tuning.yaml tunes
+  --global_batch_size over 128, 256, 512, so every trial would fail on absl's integer parser."""
+  values = flags.FlagValues()
+  trainer_flags.define_flags(values)
+  values(["trainer.task", "--global_batch_size=256.0", "--train_steps", "1e3"])
+  assert (values.global_batch_size, values.train_steps) == (256, 1000)
+  with pytest.raises(flags.IllegalFlagValueError, match="2.5"):
+    values(["trainer.task", "--global_batch_size=2.5"])
+  with pytest.raises(flags.IllegalFlagValueError):
+    values(["trainer.task", "--global_batch_size=many"])

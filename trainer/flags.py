@@ -19,6 +19,29 @@ from trainer import schema as schema_lib
 from trainer.errors import UserError
 
 
+class _WholeNumberParser(flags.IntegerParser):
+  """absl's integer parser that also takes a whole number written as a float ("256.0"): Vertex AI hyperparameter
+  tuning passes the values of a DISCRETE parameter so (e.g. --global_batch_size=256.0 for a study over 128, 256,
+  512), which absl's own parser refuses, failing every trial."""
+
+  def convert(self, argument):
+    try:
+      return super().convert(argument)
+    except ValueError as error:
+      try:
+        number = float(argument)
+      except (TypeError, ValueError):
+        raise error from None  # not a number at all: absl's own message
+      if not number.is_integer():
+        raise
+      return int(number)
+
+
+def _define_integer(name: str, default: int | None, help_text: str, *, flag_values: flags.FlagValues) -> None:
+  flags.DEFINE(_WholeNumberParser(), name, default, help_text, flag_values=flag_values,
+               serializer=flags.ArgumentSerializer())
+
+
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """Defines every trainer flag on `flag_values`. Call once, before absl parses argv."""
   fv = {"flag_values": flag_values}
@@ -44,9 +67,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_boolean("csv_multiline", None, "CSV whose quoted fields hold line breaks: read with CsvDataset, "
                        "which follows quotes across lines (slower than the line reader). Default: on when the "
                        "first 64 KiB of a split's first file has one.", **fv)
-  flags.DEFINE_integer("infer_sample_rows", 100_000, "Records read to infer the schema (deterministic: the same "
+  _define_integer("infer_sample_rows", 100_000, "Records read to infer the schema (deterministic: the same "
                        "on every worker).", **fv)
-  flags.DEFINE_integer("shuffle_buffer", 10_000, "Examples shuffled together: consecutive parsed batches holding at "
+  _define_integer("shuffle_buffer", 10_000, "Examples shuffled together: consecutive parsed batches holding at "
                        "least this many (and at least 2 batches) are pooled and their rows permuted; file order is "
                        "reshuffled every epoch (0: no shuffle).", **fv)
   flags.DEFINE_boolean("deterministic_input", False, "Read examples in the same order every run (seeded "
@@ -58,15 +81,15 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_float("dropout", 0.0, "Dropout rate of the built-in models.", **fv)
   flags.DEFINE_string("hparams", "{}", "JSON object of extra hyperparameters passed to a plug-in build_fn.", **fv)
   # Training.
-  flags.DEFINE_integer("global_batch_size", 256, "Examples per step across all replicas.", **fv)
-  flags.DEFINE_integer("train_steps", None, "Optimizer steps to run (default 1000 unless --epochs is given).", **fv)
-  flags.DEFINE_integer("epochs", None, "Passes over the training data (instead of --train_steps).", **fv)
+  _define_integer("global_batch_size", 256, "Examples per step across all replicas.", **fv)
+  _define_integer("train_steps", None, "Optimizer steps to run (default 1000 unless --epochs is given).", **fv)
+  _define_integer("epochs", None, "Passes over the training data (instead of --train_steps).", **fv)
   flags.DEFINE_float("learning_rate", 1e-3, "Learning rate.", **fv)
   flags.DEFINE_enum("optimizer", "adam", config_lib.OPTIMIZERS, "Optimizer.", **fv)
   flags.DEFINE_enum("lr_schedule", "constant", config_lib.LR_SCHEDULES, "Learning-rate schedule over the run "
                     "after --warmup_steps: constant, or cosine/linear/exponential decay from --learning_rate to "
                     "--lr_decay_to of it at the final step.", **fv)
-  flags.DEFINE_integer("warmup_steps", 0, "Steps of linear warmup from 0 to --learning_rate.", **fv)
+  _define_integer("warmup_steps", 0, "Steps of linear warmup from 0 to --learning_rate.", **fv)
   flags.DEFINE_float("lr_decay_to", None, "Fraction of --learning_rate reached at the final step (default 0 for "
                      "cosine and linear, 0.01 for exponential).", **fv)
   flags.DEFINE_float("weight_decay", None, "Decoupled weight decay (default 0.004 with --optimizer=adamw, none "
@@ -74,12 +97,12 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_float("clip_norm", None, "Clip the gradient (summed over all replicas) to this global norm.", **fv)
   flags.DEFINE_string("class_weights", None, "Classification: 'balanced' (weights from the training data's class "
                       "counts) or a JSON object {class: weight} (class ids, or names for a string label).", **fv)
-  flags.DEFINE_integer("eval_every_steps", None, "Evaluate on --eval_data every N steps during training "
+  _define_integer("eval_every_steps", None, "Evaluate on --eval_data every N steps during training "
                        "(TensorBoard and the hypertune file get each).", **fv)
   flags.DEFINE_string("early_stopping_metric", None, "Stop when this eval metric "
                       f"({', '.join(objective_lib.HIGHER_IS_BETTER)}) has not improved for --early_stopping_patience "
                       "evaluations.", **fv)
-  flags.DEFINE_integer("early_stopping_patience", None, "Evaluations without improvement before stopping "
+  _define_integer("early_stopping_patience", None, "Evaluations without improvement before stopping "
                        "(default 3 with --early_stopping_metric).", **fv)
   flags.DEFINE_enum("export", "last", config_lib.EXPORTS, "Export the weights of the last step, or of the best "
                     "periodic evaluation (by --early_stopping_metric, else loss).", **fv)
@@ -91,23 +114,23 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_enum("loop", "custom", config_lib.LOOPS, "custom: tf.function step with strategy.run; "
                     "fit: Keras model.fit inside strategy.scope().", **fv)
   flags.DEFINE_boolean("run_eagerly", False, "Run the training step eagerly (debugging); still distributed.", **fv)
-  flags.DEFINE_integer("seed", 42, "Random seed for weights and shuffling (under parameter servers, weights only: each worker "
+  _define_integer("seed", 42, "Random seed for weights and shuffling (under parameter servers, weights only: each worker "
                        "shuffles with its own seed).", **fv)
-  flags.DEFINE_integer("steps_per_loop", 50, "Steps run inside one tf.function call (custom loop), at most per "
+  _define_integer("steps_per_loop", 50, "Steps run inside one tf.function call (custom loop), at most per "
                        "closure scheduled on a worker (parameter servers), or per Keras execution (fit; lowered "
                        "so executions end on every checkpoint, log line, evaluation and the final step, and 1 under "
                        "Keras 3 with several replicas, where Keras cannot run more per call).", **fv)
-  flags.DEFINE_integer("log_every_steps", 50, "Steps between progress lines and TensorBoard scalars.", **fv)
-  flags.DEFINE_integer("checkpoint_every_steps", 200, "Steps between checkpoints.", **fv)
+  _define_integer("log_every_steps", 50, "Steps between progress lines and TensorBoard scalars.", **fv)
+  _define_integer("checkpoint_every_steps", 200, "Steps between checkpoints.", **fv)
   flags.DEFINE_float("checkpoint_every_secs", None, "Also checkpoint when this many seconds passed since the last "
                      "one, at the end of the chunk that passes it: --steps_per_loop steps (custom loop), one Keras "
                      "execution (fit), or one Keras epoch of fit under parameter servers (the greatest common "
                      "divisor of the checkpoint, log and evaluation periods).", **fv)
-  flags.DEFINE_integer("eval_steps", None, "Evaluation batches (default: one pass over --eval_data; 0 skips).", **fv)
+  _define_integer("eval_steps", None, "Evaluation batches (default: one pass over --eval_data; 0 skips).", **fv)
   # Distribution.
   flags.DEFINE_enum("strategy", "auto", config_lib.STRATEGIES, "tf.distribute strategy; auto picks it from "
                     "the cluster (TF_CONFIG / CLUSTER_SPEC) and the devices.", **fv)
-  flags.DEFINE_integer("num_cpu_devices", 1, "Split the CPU into this many logical devices (to run "
+  _define_integer("num_cpu_devices", 1, "Split the CPU into this many logical devices (to run "
                        "MirroredStrategy replicas without GPUs).", **fv)
   flags.DEFINE_boolean("reduction_server", False, "Vertex pool 2 runs a Reduction Server, not parameter "
                        "servers: train with MultiWorkerMirroredStrategy over chief and workers.", **fv)
