@@ -29,12 +29,9 @@ class _WholeNumberParser(flags.IntegerParser):
       return super().convert(argument)
     except ValueError as error:
       try:
-        number = float(argument)
+        return hparams_lib.whole_number(argument)
       except (TypeError, ValueError):
-        raise error from None  # not a number at all: absl's own message
-      if not number.is_integer():
-        raise
-      return int(number)
+        raise error from None  # not a whole number: absl's own message
 
 
 def _define_integer(name: str, default: int | None, help_text: str, *, flag_values: flags.FlagValues) -> None:
@@ -68,10 +65,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                        "which follows quotes across lines (slower than the line reader). Default: on when the "
                        "first 64 KiB of a split's first file has one.", **fv)
   _define_integer("infer_sample_rows", 100_000, "Records read to infer the schema (deterministic: the same "
-                       "on every worker).", **fv)
+                  "on every worker).", **fv)
   _define_integer("shuffle_buffer", 10_000, "Examples shuffled together: consecutive parsed batches holding at "
-                       "least this many (and at least 2 batches) are pooled and their rows permuted; file order is "
-                       "reshuffled every epoch (0: no shuffle).", **fv)
+                  "least this many (and at least 2 batches) are pooled and their rows permuted; file order is "
+                  "reshuffled every epoch (0: no shuffle).", **fv)
   flags.DEFINE_boolean("deterministic_input", False, "Read examples in the same order every run (seeded "
                        "shuffle, ordered interleave): reproducible weights, slightly slower input. Not under "
                        "parameter servers (asynchronous: refused there).", **fv)
@@ -98,12 +95,12 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_string("class_weights", None, "Classification: 'balanced' (weights from the training data's class "
                       "counts) or a JSON object {class: weight} (class ids, or names for a string label).", **fv)
   _define_integer("eval_every_steps", None, "Evaluate on --eval_data every N steps during training "
-                       "(TensorBoard and the hypertune file get each).", **fv)
+                  "(TensorBoard and the hypertune file get each).", **fv)
   flags.DEFINE_string("early_stopping_metric", None, "Stop when this eval metric "
                       f"({', '.join(objective_lib.HIGHER_IS_BETTER)}) has not improved for --early_stopping_patience "
                       "evaluations.", **fv)
   _define_integer("early_stopping_patience", None, "Evaluations without improvement before stopping "
-                       "(default 3 with --early_stopping_metric).", **fv)
+                  "(default 3 with --early_stopping_metric).", **fv)
   flags.DEFINE_enum("export", "last", config_lib.EXPORTS, "Export the weights of the last step, or of the best "
                     "periodic evaluation (by --early_stopping_metric, else loss).", **fv)
   flags.DEFINE_enum("precision", "float32", config_lib.PRECISIONS, "Compute dtype policy: mixed_float16 (GPUs; "
@@ -115,11 +112,11 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                     "fit: Keras model.fit inside strategy.scope().", **fv)
   flags.DEFINE_boolean("run_eagerly", False, "Run the training step eagerly (debugging); still distributed.", **fv)
   _define_integer("seed", 42, "Random seed for weights and shuffling (under parameter servers, weights only: each worker "
-                       "shuffles with its own seed).", **fv)
+                  "shuffles with its own seed).", **fv)
   _define_integer("steps_per_loop", 50, "Steps run inside one tf.function call (custom loop), at most per "
-                       "closure scheduled on a worker (parameter servers), or per Keras execution (fit; lowered "
-                       "so executions end on every checkpoint, log line, evaluation and the final step, and 1 under "
-                       "Keras 3 with several replicas, where Keras cannot run more per call).", **fv)
+                  "closure scheduled on a worker (parameter servers), or per Keras execution (fit; lowered "
+                  "so executions end on every checkpoint, log line, evaluation and the final step, and 1 under "
+                  "Keras 3 with several replicas, where Keras cannot run more per call).", **fv)
   _define_integer("log_every_steps", 50, "Steps between progress lines and TensorBoard scalars.", **fv)
   _define_integer("checkpoint_every_steps", 200, "Steps between checkpoints.", **fv)
   flags.DEFINE_float("checkpoint_every_secs", None, "Also checkpoint when this many seconds passed since the last "
@@ -131,7 +128,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_enum("strategy", "auto", config_lib.STRATEGIES, "tf.distribute strategy; auto picks it from "
                     "the cluster (TF_CONFIG / CLUSTER_SPEC) and the devices.", **fv)
   _define_integer("num_cpu_devices", 1, "Split the CPU into this many logical devices (to run "
-                       "MirroredStrategy replicas without GPUs).", **fv)
+                  "MirroredStrategy replicas without GPUs).", **fv)
   flags.DEFINE_boolean("reduction_server", False, "Vertex pool 2 runs a Reduction Server, not parameter "
                        "servers: train with MultiWorkerMirroredStrategy over chief and workers.", **fv)
   flags.DEFINE_string("tpu", None, "TPU name or 'local'. Default: $TPU_NAME.", **fv)

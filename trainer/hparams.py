@@ -155,7 +155,7 @@ def values(flag_values: flags.FlagValues, *, model: str, hparams_json: Mapping[s
   return result
 
 
-def _whole(value: Any) -> int:
+def whole_number(value: Any) -> int:
   """An int from 16, "16" or "16.0" (a tuning service may send a whole number as a float)."""
   if isinstance(value, bool):
     raise ValueError
@@ -179,13 +179,13 @@ def _typed(name: str, value: Any, default: Any, *, source: str) -> Any:
         return False
       raise ValueError
     if kind is int:
-      return _whole(value)
+      return whole_number(value)
     if kind is float:
       if isinstance(value, bool):
         raise ValueError
       return float(value)
     if kind is list:
-      return [_whole(item) for item in (value.split(",") if text is not None else value)]
+      return [whole_number(item) for item in (value.split(",") if text is not None else value)]
     return str(value)
   except (TypeError, ValueError):
     what = "a list of ints (e.g. 64,32)" if kind is list else _TYPES[kind]
