@@ -18,6 +18,9 @@ a Vertex replica. --preempt=REPLICA@SECONDS sends a Spot preemption (SIGTERM, SI
 the step each preempted replica saved and the step it resumed at. Ctrl-C or --timeout_secs stops every child. Logs stream live, prefixed `workerpool1-0 |`,
 and are kept per replica under the job dir.
 
+A hyperparameter-tuning config runs as a study (scripts/localrun/study.py): its trials, each such a job with the
+trial's values, id and output dirs, `parallelTrialCount` at a time (--parallel_trials, --max_trials shrink it).
+
 Cloud Storage: the emulator is started for the job unless STORAGE_EMULATOR_HOST is already set (then the
 running one is used: python -m scripts.gcs_emulator start).
 """
@@ -26,16 +29,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import importlib
 import json
 import os
 import signal
 import sys
 import tempfile
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
+from scripts import study_spec
 from scripts import submit
 from scripts import vertex_config
+from scripts.localrun import study as localrun_study
 from scripts.localrun.install import install_package
 from scripts.localrun.planning import LocalRunError, check_trainer_args, parse_preemptions, plan_replicas, \
     reserve_ports
@@ -71,10 +78,17 @@ def check_flags(args) -> None:
                         "OS choose free ports")
 
 
-def run(args) -> int:
-  from google.auth.credentials import AnonymousCredentials  # pylint: disable=g-import-not-at-top
-  from google.cloud import storage  # pylint: disable=g-import-not-at-top
+@dataclasses.dataclass
+class Staged:
+  """What every job (every trial of a study) shares: the emulator, the staged and installed packages."""
 
+  client: Any  # google-cloud-storage client on the emulator
+  env: dict[str, str]  # the replicas' base environment
+  site: str  # where the packageUris are installed
+  uri: str  # the trainer's sdist in the bucket
+
+
+def run(args) -> int:
   check_flags(args)
 
   job_id = args.run_id or time.strftime("local-%Y%m%d-%H%M%S")
@@ -82,80 +96,162 @@ def run(args) -> int:
                                      run_id=job_id)
   pending = f"gs://{args.bucket}/staging/pending.tar.gz"
   config = vertex_config.load(args.config, {**values, "PACKAGE_URI": pending})
-  if config.kind != "custom_job":
-    raise LocalRunError(f"{args.config}: local runs take custom-job configs; run a tuning trial's spec by hand")
   body = submit.apply_overrides(config, args.args, submit.parse_env(args.env))
+  spec = body["trialJobSpec"] if config.kind == "hp_tuning" else body
+  study = _study(args, config, body) if config.kind == "hp_tuning" else None
   for override in args.replica_count:
     pool, sep, count = override.partition("=")
-    if not sep or not pool.isdigit() or not count.isdigit() or int(pool) >= len(body["workerPoolSpecs"]) \
-        or not body["workerPoolSpecs"][int(pool)] or (int(pool) == 0 and int(count) != 1) or int(count) < 1:
+    if not sep or not pool.isdigit() or not count.isdigit() or int(pool) >= len(spec["workerPoolSpecs"]) \
+        or not spec["workerPoolSpecs"][int(pool)] or (int(pool) == 0 and int(count) != 1) or int(count) < 1:
       raise LocalRunError(f"--replica_count={override!r}: expected POOL=N for an existing pool (0..3), N >= 1, "
                           "and the chief pool stays at 1")
-    body["workerPoolSpecs"][int(pool)]["replicaCount"] = int(count)
+    spec["workerPoolSpecs"][int(pool)]["replicaCount"] = int(count)
   job_dir = args.job_dir or tempfile.mkdtemp(prefix=f"{job_id}-")
   os.makedirs(job_dir, exist_ok=True)
-  pools = body["workerPoolSpecs"]
+  pools = spec["workerPoolSpecs"]
   command = vertex_config.trainer_command(pools[0])
   module = command[command.index("-m") + 1] if "-m" in command else "trainer.task"
   containers = bool(pools[0].get("containerSpec"))
   count = sum(p["replicaCount"] for p in pools if vertex_config.trainer_spec(p))
-  ports = reserve_ports(count, args.base_port)
-  probe = plan_replicas(body, job_id=job_id, job_dir=job_dir, ports=ports, extra_env={})
+  probe = plan_replicas(spec, job_id=job_id, job_dir=job_dir, ports=reserve_ports(count, args.base_port),
+                        extra_env={})
   check_trainer_args(probe)  # before anything is built, uploaded or started
+  if study is not None:
+    _check_study(study, probe[0].args)  # the built-in flags, and a plug-in importable here
   preemptions = parse_preemptions(args.preempt, [r.name for r in probe], timeout_secs=args.timeout_secs)
-  restart_job = bool(body.get("scheduling", {}).get("restartJobOnWorkerRestart"))
   with _storage((args.bucket,), job_dir) as storage_env:
-    env = {**os.environ, **storage_env, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
-    endpoint = env["STORAGE_EMULATOR_HOST"]
-    client = storage.Client(project="local-project", credentials=AnonymousCredentials(),
-                            client_options={"api_endpoint": endpoint})
-    if not client.bucket(args.bucket).exists():
-      client.create_bucket(args.bucket)
-    archive = submit.build_sdist(os.path.join(job_dir, "dist"))
-    uri = submit.package_uri(args.bucket, archive)
-    extras = submit.stage_extra_packages(args.extra_package, args.bucket, os.path.join(job_dir, "dist"))
-    for local, remote in [(archive, uri), *extras]:
-      submit.upload(local, remote, client=client)
-    for pool in pools:
-      if pool and pool.get("pythonPackageSpec"):
-        pool["pythonPackageSpec"]["packageUris"] = [uri]
-    submit.add_package_uris(body, [u for _, u in extras])
-    # Every packageUri, trainer first, into the one dir each replica imports from (Vertex pip-installs them
-    # all). A container pool gets what the Dockerfile puts in the image: the trainer from this sdist (no Docker:
-    # the container's command runs with this interpreter, see localrun.planning.local_argv).
-    site = os.path.join(job_dir, "site")
-    for package in [uri] if containers else pools[0]["pythonPackageSpec"]["packageUris"]:
-      install_package(package, site, client=client)
-    module_file = os.path.join(site, *module.split(".")) + ".py"
+    staged = _stage(args, spec, storage_env, job_dir, containers=containers)
+    module_file = os.path.join(staged.site, *module.split(".")) + ".py"
     if not os.path.exists(module_file):
-      raise LocalRunError(f"pythonModule {module!r} is not in the package {uri} (no {module_file})")
-    replicas = plan_replicas(body, job_id=job_id, job_dir=job_dir, ports=ports, extra_env={})
+      raise LocalRunError(f"pythonModule {module!r} is not in the package {staged.uri} (no {module_file})")
+    if study is not None:
+      _check_study(study, probe[0].args, site=staged.site)  # a plug-in model from --extra_package, installed now
     for warning in config.warnings:  # printed once every check has passed: a bad input stays one error line
       print(f"warning: {warning}", file=sys.stderr)
-    kind = (f"container {pools[0]['containerSpec']['imageUri']} as {' '.join(command)} (trainer from {uri})"
-            if containers else f"package {uri}")
-    print(f"job {job_id}: {len(replicas)} replica(s), {kind}, logs in {job_dir}", flush=True)
-    ok, reason, failed = supervise(replicas, site=site, base_env=env, timeout_secs=args.timeout_secs,
-                                   restart_failed=args.restart_failed, quiet=args.quiet, preemptions=preemptions,
-                                   grace_secs=args.preempt_grace_secs, restart_job=restart_job)
-    base = body.get("baseOutputDirectory", {}).get("outputUriPrefix", "").rstrip("/")
-    artifacts = []
-    if base.startswith("gs://"):
-      bucket, prefix = paths.split_gcs_uri(base)
-      artifacts = [f"gs://{bucket}/{b.name}" for b in client.list_blobs(bucket, prefix=prefix + "/model/")
-                   if b.name.endswith((".pb", ".json"))]
+    kind = (f"container {pools[0]['containerSpec']['imageUri']} as {' '.join(command)} (trainer from {staged.uri})"
+            if containers else f"package {staged.uri}")
+    if study is not None:
+      return _run_study(args, study, spec, staged, job_id=job_id, job_dir=job_dir, kind=kind)
+    print(f"job {job_id}: {len(probe)} replica(s), {kind}, logs in {job_dir}", flush=True)
+    replicas, (ok, reason, failed) = run_job(args, spec, staged, job_id=job_id, job_dir=job_dir,
+                                             preemptions=preemptions)
+    base = spec.get("baseOutputDirectory", {}).get("outputUriPrefix", "").rstrip("/")
+    artifacts = _artifacts(staged.client, f"{base}/model/")
     print("\n" + summary(replicas, artifacts, preemptions), flush=True)
     if not ok:
       if failed:
         print(f"\n--- last lines of {failed.name} ({failed.log_path}) ---\n{tail(failed.log_path)}", file=sys.stderr)
       raise LocalRunError(f"job {job_id} failed: {reason}")
     metrics_uri = f"{base}/model/{export.METRICS_FILE}"
-    if f"{metrics_uri}" in artifacts:
+    if metrics_uri in artifacts:
       bucket, blob = paths.split_gcs_uri(metrics_uri)
-      metrics = json.loads(client.bucket(bucket).blob(blob).download_as_text())
+      metrics = json.loads(staged.client.bucket(bucket).blob(blob).download_as_text())
       print(f"eval metrics: {json.dumps({k: v for k, v in metrics.items() if k.startswith('eval_')})}")
       print(f"model: {base}/model/")
     print(f"job {job_id} succeeded ({reason})")
+  return 0
+
+
+def _stage(args, spec: dict, storage_env: dict[str, str], job_dir: str, *, containers: bool) -> Staged:
+  """Builds the trainer's sdist (and each --extra_package), stages them to the bucket and installs them into the
+  one dir every replica imports from, as Vertex's executor pip-installs packageUris."""
+  from google.auth.credentials import AnonymousCredentials  # pylint: disable=g-import-not-at-top
+  from google.cloud import storage  # pylint: disable=g-import-not-at-top
+
+  env = {**os.environ, **storage_env, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+  client = storage.Client(project="local-project", credentials=AnonymousCredentials(),
+                          client_options={"api_endpoint": env["STORAGE_EMULATOR_HOST"]})
+  if not client.bucket(args.bucket).exists():
+    client.create_bucket(args.bucket)
+  archive = submit.build_sdist(os.path.join(job_dir, "dist"))
+  uri = submit.package_uri(args.bucket, archive)
+  extras = submit.stage_extra_packages(args.extra_package, args.bucket, os.path.join(job_dir, "dist"))
+  for local, remote in [(archive, uri), *extras]:
+    submit.upload(local, remote, client=client)
+  pools = spec["workerPoolSpecs"]
+  for pool in pools:
+    if pool and pool.get("pythonPackageSpec"):
+      pool["pythonPackageSpec"]["packageUris"] = [uri]
+  submit.add_package_uris(spec, [u for _, u in extras])
+  # Every packageUri, trainer first, into the one dir each replica imports from (Vertex pip-installs them
+  # all). A container pool gets what the Dockerfile puts in the image: the trainer from this sdist (no Docker:
+  # the container's command runs with this interpreter, see localrun.planning.local_argv).
+  site = os.path.join(job_dir, "site")
+  for package in [uri] if containers else pools[0]["pythonPackageSpec"]["packageUris"]:
+    install_package(package, site, client=client)
+  return Staged(client=client, env=env, site=site, uri=uri)
+
+
+def run_job(args, spec: dict, staged: Staged, *, job_id: str, job_dir: str, preemptions=(), extra_env=None,
+            trial: str | None = None, stop=None):
+  """One job of the spec's pools to its end: its replicas and supervise's (succeeded, reason, failed replica)."""
+  count = sum(p["replicaCount"] for p in spec["workerPoolSpecs"] if vertex_config.trainer_spec(p))
+  replicas = plan_replicas(spec, job_id=job_id, job_dir=job_dir, ports=reserve_ports(count, args.base_port),
+                           extra_env=extra_env or {}, trial=trial)
+  restart_job = bool(spec.get("scheduling", {}).get("restartJobOnWorkerRestart"))
+  outcome = supervise(replicas, site=staged.site, base_env=staged.env, timeout_secs=args.timeout_secs,
+                      restart_failed=args.restart_failed, quiet=args.quiet or trial is not None,
+                      preemptions=preemptions, grace_secs=args.preempt_grace_secs, restart_job=restart_job,
+                      stop=stop)
+  return replicas, outcome
+
+
+def _artifacts(client, model_uri: str) -> list[str]:
+  if not model_uri.startswith("gs://"):
+    return []
+  bucket, prefix = paths.split_gcs_uri(model_uri)
+  return [f"gs://{bucket}/{b.name}" for b in client.list_blobs(bucket, prefix=prefix)
+          if b.name.endswith((".pb", ".json"))]
+
+
+def _study(args, config: vertex_config.JobConfig, body: dict) -> study_spec.StudySpec:
+  """The config's StudySpec, with the runner's flags that only a study takes checked against it."""
+  if args.preempt:
+    raise LocalRunError("--preempt: preemptions are rehearsed on a custom-job config, not on a tuning study")
+  if args.base_port is not None:
+    raise LocalRunError("--base_port: a study's trials run side by side on ports the OS chooses; omit it")
+  try:
+    spec = study_spec.parse(body, config.path)
+  except study_spec.StudyError as e:
+    raise LocalRunError(str(e)) from None
+  for flag, value in (("--max_trials", args.max_trials), ("--parallel_trials", args.parallel_trials)):
+    if value is not None and value < 1:
+      raise LocalRunError(f"{flag}={value}: expected a count >= 1 (or omit it to use the config's)")
+  return spec
+
+
+def _check_study(spec: study_spec.StudySpec, trial_args: list[str], *, site: str | None = None) -> None:
+  """Every value a trial can get, checked as the trainer will check it (`site`: where the job's packages are
+  installed, so a plug-in model from --extra_package is read as the trials will read it)."""
+  if site is not None:
+    sys.path.insert(0, site)
+    importlib.invalidate_caches()
+  try:
+    study_spec.check_trial_values(spec, trial_args)
+  except study_spec.StudyError as e:
+    raise LocalRunError(str(e)) from None
+  finally:
+    if site is not None:
+      sys.path.remove(site)
+
+
+def _run_study(args, spec: study_spec.StudySpec, job_spec: dict, staged: Staged, *, job_id: str, job_dir: str,
+               kind: str) -> int:
+  max_trials = min(args.max_trials or spec.max_trials, spec.max_trials)
+  parallel = min(args.parallel_trials or spec.parallel_trials, max_trials)
+  print(f"study {job_id}: {max_trials} trial(s) of {spec.max_trials}, {parallel} at a time, "
+        f"{spec.goal.lower()} {spec.metric}, {spec.algorithm}; {kind}; logs in {job_dir}", flush=True)
+  if spec.early_stopping:
+    print(f"study {job_id}: early stopping ({spec.early_stopping}) by the median rule", flush=True)
+
+  def launch(body: dict, trial: localrun_study.Trial, extra_env: dict):
+    _, outcome = run_job(args, body, staged, job_id=job_id, job_dir=trial.job_dir, extra_env=extra_env,
+                         trial=trial.id, stop=trial.stop)
+    return outcome
+
+  trials = localrun_study.run_study(spec, job_spec=job_spec, job_id=job_id, job_dir=job_dir, launch=launch,
+                                    max_trials=max_trials, parallel=parallel, seed=args.seed)
+  print(f"study {job_id} succeeded: {sum(t.state == 'SUCCEEDED' for t in trials)} of {len(trials)} trial(s)")
   return 0
 
 
@@ -178,7 +274,13 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--preempt_grace_secs", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL")
   parser.add_argument("--base_port", type=int, default=None, help="first of the consecutive ports replicas use")
   parser.add_argument("--job_dir", default=None, help="logs, the installed package, the emulator's files")
-  parser.add_argument("--quiet", action="store_true", help="keep replica logs in files only")
+  parser.add_argument("--quiet", action="store_true", help="keep replica logs in files only (a study's trials "
+                      "always do: they run side by side)")
+  parser.add_argument("--max_trials", type=int, default=None,
+                      help="a tuning study: run at most N of its maxTrialCount trials (a laptop-sized study)")
+  parser.add_argument("--parallel_trials", type=int, default=None,
+                      help="a tuning study: run at most N trials at a time (default: its parallelTrialCount)")
+  parser.add_argument("--seed", type=int, default=0, help="a tuning study: the tuner's random seed")
   args = parser.parse_args(argv)
 
   def interrupt(*_):

@@ -158,6 +158,17 @@ def check_trainer_args(body: dict, kind: str) -> None:
         raise SubmitError(str(e)) from None
 
 
+def check_study(body: dict, path: str) -> None:
+  """A tuning config's StudySpec, and every value a trial can get checked as the trainer will check it."""
+  from scripts import study_spec  # pylint: disable=g-import-not-at-top
+
+  try:
+    spec = study_spec.parse(body, path)
+    study_spec.check_trial_values(spec, study_spec.trainer_args(body))
+  except study_spec.StudyError as e:
+    raise SubmitError(str(e)) from None
+
+
 def request_for(kind: str, body: dict, display_name: str) -> dict:
   """The JSON body of the create request, as the REST API takes it."""
   if kind == "hp_tuning":
@@ -268,7 +279,10 @@ def _submit(args) -> int:
                                        run_id=run_id, cpu_image=args.image, gpu_image=args.image,
                                        trainer_image=args.trainer_image)
     pending = vertex_config.load(args.config, {**values, "PACKAGE_URI": f"gs://{args.bucket}/staging/pending.tar.gz"})
-    check_trainer_args(apply_overrides(pending, args.args, env), pending.kind)
+    checked = apply_overrides(pending, args.args, env)
+    check_trainer_args(checked, pending.kind)
+    if pending.kind == "hp_tuning":
+      check_study(checked, args.config)
     pools = pending.job_spec["workerPoolSpecs"]
     containers = bool(pools[0].get("containerSpec"))
     if args.build_image and not containers:

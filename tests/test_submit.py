@@ -3,6 +3,7 @@
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -202,6 +203,48 @@ def test_hp_tuning_submission(gcs, capsys):
   assert job.max_trial_count == 12 and job.parallel_trial_count == 3
   assert job.study_spec.metrics[0].metric_id == "accuracy"
   assert "--hypertune_metric=accuracy" in job.trial_job_spec.worker_pool_specs[0].python_package_spec.args
+
+
+def test_a_study_the_trainer_cannot_run_is_not_sent(gcs, capsys, tmp_path):
+  """The study's parameters are checked as the trainer will read them, before anything is uploaded or sent:
+  a name nothing reads, a range the trainer refuses. A conditional spec that passes goes out whole."""
+  shipped = open(os.path.join(procs.REPO, "cloud_configs", "hp_tuning.yaml")).read()
+  cases = [(shipped.replace("parameterId: dropout", "parameterId: drop_out"),
+            r"^error: studySpec parameter 'drop_out' \(0\.\.0\.4\): --drop_out=0\.0 is refused by the trainer: "
+            r"Unknown command line flag 'drop_out'"),
+           (shipped.replace("{minValue: 0.0, maxValue: 0.4}", "{minValue: 0.0, maxValue: 1.0}"),
+            r"^error: studySpec parameter 'dropout' \(0\.\.1\): --dropout=1\.0 is refused by the trainer: "
+            r"--dropout must be in \[0, 1\), got 1\.0$")]
+  before = _list("")
+  for i, (text, message) in enumerate(cases):
+    path = tmp_path / f"bad{i}.yaml"
+    path.write_text(text)
+    with fake_vertex.running() as fake:
+      assert submit.main([f"--config={path}", "--project=p", "--bucket=test-bucket",
+                          f"--api_endpoint={fake.endpoint}"]) == 2
+      assert not fake.requests
+    err = capsys.readouterr().err
+    assert re.search(message, err, re.M) and len(err.strip().splitlines()) == 1, err
+  assert _list("") == before
+  conditional = tmp_path / "conditional.yaml"
+  conditional.write_text(shipped.replace("""    - parameterId: global_batch_size""", """    - parameterId: optimizer
+      categoricalValueSpec: {values: ["adam", "adamw"]}
+      conditionalParameterSpecs:
+        - parentCategoricalValues: {values: ["adamw"]}
+          parameterSpec:
+            parameterId: weight_decay
+            doubleValueSpec: {minValue: 0.0001, maxValue: 0.01}
+            scaleType: UNIT_LOG_SCALE
+    - parameterId: global_batch_size"""))
+  with fake_vertex.running() as fake:
+    assert submit.main([f"--config={conditional}", "--project=proj", "--bucket=test-bucket",
+                        f"--api_endpoint={fake.endpoint}", "--no_follow"]) == 0, capsys.readouterr()
+    (body,) = fake.created("hyperparameterTuningJobs")
+  job = aiplatform_v1.HyperparameterTuningJob()
+  json_format.ParseDict(body, job._pb)  # pylint: disable=protected-access
+  optimizer = next(p for p in job.study_spec.parameters if p.parameter_id == "optimizer")
+  child = optimizer.conditional_parameter_specs[0]
+  assert child.parent_categorical_values.values == ["adamw"] and child.parameter_spec.parameter_id == "weight_decay"
 
 
 def test_dry_run_prints_request_and_an_equivalent_gcloud_command(capsys):

@@ -294,6 +294,17 @@ _PLACEHOLDER_ENV = config_lib.Environment(
     aip_checkpoint_dir="gs://placeholder/checkpoints", aip_tensorboard_log_dir="gs://placeholder/logs")
 
 
+def checkable_names(args: list[str]) -> set[str] | None:
+  """The flag names `check_args` can judge for these args: every name (None) when the model is built in or its
+  plug-in is importable here; else only the trainer's own flags (the plug-in's are known where the job runs)."""
+  model = hparams_lib.model_from_argv(args)
+  if hparams_lib.plugin_module(model) is None or hparams_lib.importable(model):
+    return None
+  values = flags.FlagValues()
+  define_flags(values)
+  return set(values)
+
+
 def check_args(args: list[str], *, where: str) -> None:
   """Parses trainer args and validates their values as the trainer will, touching nothing (for tooling that
   submits or starts jobs: a bad arg fails here, not on Vertex after machines are provisioned)."""
@@ -305,7 +316,8 @@ def check_args(args: list[str], *, where: str) -> None:
     hparams_lib.define(values, hparams_lib.declared(model) if check_model else None, model=model or "")
     rest = values(["trainer.task", *args])
   except flags.Error as e:
-    raise UserError(f"{where}: trainer args rejected: {' '.join(str(e).split())}") from None
+    message = hparams_lib.explain_flag_error(e, args) if check_model else " ".join(str(e).split())
+    raise UserError(f"{where}: trainer args rejected: {message}") from None
   except UserError as e:
     raise UserError(f"{where}: trainer args rejected: {e}") from None
   if len(rest) > 1:

@@ -42,8 +42,10 @@ class Replica:
     return f"workerpool{self.pool}-{self.index}"
 
 
-def plan_replicas(spec: dict, *, job_id: str, job_dir: str, ports: list[int], extra_env: dict[str, str]) -> list[Replica]:
-  """Every replica of every trainer pool with the environment Vertex would give it (pure, given the ports)."""
+def plan_replicas(spec: dict, *, job_id: str, job_dir: str, ports: list[int], extra_env: dict[str, str],
+                  trial: str | None = None) -> list[Replica]:
+  """Every replica of every trainer pool with the environment Vertex would give it (pure, given the ports); a
+  tuning trial's replicas also get its id (TF_CONFIG task.trial, CLOUD_ML_TRIAL_ID) and its own output dirs."""
   pools = spec["workerPoolSpecs"]
   trainer_pools = [i for i, p in enumerate(pools) if vertex_config.trainer_spec(p)]
   addresses: dict[int, list[str]] = {}
@@ -53,6 +55,8 @@ def plan_replicas(spec: dict, *, job_id: str, job_dir: str, ports: list[int], ex
   cluster_spec = {f"workerpool{i}": a for i, a in addresses.items()}
   tf_cluster = {POOL_TYPES[i]: a for i, a in addresses.items() if i != 3}  # the evaluator is never listed
   base = spec.get("baseOutputDirectory", {}).get("outputUriPrefix", "").rstrip("/")
+  if base and trial is not None:
+    base = f"{base}/{trial}"  # Vertex: AIP_MODEL_DIR=<base>/<trial id>/model/, and so on
   replicas = []
   for i in trainer_pools:
     package = vertex_config.trainer_spec(pools[i])  # pythonPackageSpec or containerSpec: args and env
@@ -68,9 +72,11 @@ def plan_replicas(spec: dict, *, job_id: str, job_dir: str, ports: list[int], ex
       env = {
           "CLUSTER_SPEC": json.dumps({"cluster": cluster_spec, "environment": "cloud", "task": task,
                                       "job": json.dumps(job)}),
-          "TF_CONFIG": json.dumps({"cluster": tf_cluster, "task": {"type": POOL_TYPES[i], "index": index},
+          "TF_CONFIG": json.dumps({"cluster": tf_cluster, "task": {"type": POOL_TYPES[i], "index": index,
+                                                                   **({"trial": trial} if trial else {})},
                                    "environment": "cloud"}),
           "CLOUD_ML_JOB_ID": job_id,
+          **({"CLOUD_ML_TRIAL_ID": trial} if trial else {}),
           **{e["name"]: e["value"] for e in package.get("env", [])},
           **extra_env,
       }

@@ -98,8 +98,10 @@ def _log_size(replica: Replica) -> int:
 
 def supervise(replicas: list[Replica], *, site: str, base_env: dict, timeout_secs: float,
               restart_failed: int, quiet: bool = False, preemptions: list[Preemption] = (),
-              grace_secs: float = 30.0, restart_job: bool = False) -> tuple[bool, str, Replica | None]:
-  """Runs the replicas to the job's end; returns (succeeded, reason, the replica that failed it).
+              grace_secs: float = 30.0, restart_job: bool = False,
+              stop: threading.Event | None = None) -> tuple[bool, str, Replica | None]:
+  """Runs the replicas to the job's end, or until `stop` is set (a tuning study stopping a trial early); returns
+  (succeeded, reason, the replica that failed it).
 
   Every child is gone when it returns."""
   lock = threading.Lock()
@@ -186,6 +188,8 @@ def supervise(replicas: list[Replica], *, site: str, base_env: dict, timeout_sec
         return True, "the chief succeeded", None
       if time.monotonic() > deadline:
         return False, f"timed out after {timeout_secs:.0f} s", None
+      if stop is not None and stop.is_set():
+        return False, "stopped", None
       time.sleep(0.1)
   except KeyboardInterrupt:
     return False, "interrupted", None
