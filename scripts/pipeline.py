@@ -22,6 +22,13 @@ Steps: `training-spec` (the config's pools and output directory with this run's 
 prebuilt TF prediction image matching the training TF, its predict schemata, and the pipeline run as a label).
 submit and schedule take --dry_run to print the request instead of sending it; `local` runs the same steps with the
 same parameters (kfp's local runner, training through scripts.local_vertex).
+
+`--tuning_config=cloud_configs/hp_tuning.yaml` puts a tuning step first: `tuning-spec` (the study's trial pools with
+the run's trainer flags) -> `check-tuning-data` -> `hyperparameter-tuning-job` (google-cloud-pipeline-components'
+HyperparameterTuningJobRunOp) -> `tuning-trials` (the finished job's trials, read through the API) ->
+`best-trial-flags` (the run's trainer flags with the best succeeded trial's parameters put in) -> the training
+steps above with those flags. `local` runs the study with scripts.local_vertex and picks the best trial with the
+same `best-trial-flags` step. A --param naming a tuned parameter is refused (it would fix it in every trial).
 """
 
 # No `from __future__ import annotations`: kfp reads component signatures at runtime.
@@ -127,6 +134,47 @@ def training_spec(job_spec: str, run_name: str, trainer_flags: dict, base_output
                 value_of(chief_args or [], "train_data"), value_of(chief_args or [], "eval_data"))
 
 
+@dsl.component(base_image="python:3.10", packages_to_install=["google-cloud-aiplatform>=1.40"])
+def tuning_trials(gcp_resources: str, api_endpoint: str = "") -> list:
+  """The finished tuning job's trials, as the API returns them (id, state, parameters, finalMeasurement), read
+  from the job the tuning step ran (its gcp_resources)."""
+  import json as json_lib  # pylint: disable=import-outside-toplevel
+  import re  # pylint: disable=import-outside-toplevel
+
+  from google.cloud import aiplatform_v1  # pylint: disable=import-outside-toplevel
+  from google.protobuf import json_format  # pylint: disable=import-outside-toplevel
+
+  uri = json_lib.loads(gcp_resources)["resources"][0]["resourceUri"]
+  host, name = re.match(r"^https://([^/]+)/v1/(projects/.+)$", uri).groups()
+  kwargs = {"client_options": {"api_endpoint": api_endpoint or host}}
+  if api_endpoint.startswith("http://"):  # the tests' stand-in for Vertex
+    from google.auth.credentials import AnonymousCredentials  # pylint: disable=import-outside-toplevel
+    kwargs.update(credentials=AnonymousCredentials(), transport="rest")
+  job = aiplatform_v1.JobServiceClient(**kwargs).get_hyperparameter_tuning_job(name=name)
+  return [json_format.MessageToDict(trial._pb) for trial in job.trials]  # pylint: disable=protected-access
+
+
+@dsl.component(base_image="python:3.10")
+def best_trial_flags(trials: list, metric_id: str, goal: str, trainer_flags: dict) -> dict:
+  """The run's trainer flags with the best succeeded trial's parameters put in (the study chose them): what the
+  training step then runs. Trials in the API's shape, from Vertex (tuning_trials) or a local study (study.json)."""
+  best = None
+  for trial in trials:
+    if trial.get("state") != "SUCCEEDED":
+      continue
+    final = {m.get("metricId"): m.get("value") for m in trial.get("finalMeasurement", {}).get("metrics", [])}
+    if final.get(metric_id) is None:
+      continue
+    value = float(final[metric_id])
+    if best is None or (value > best[0] if goal == "MAXIMIZE" else value < best[0]):
+      best = (value, trial)
+  if best is None:
+    raise RuntimeError(f"no succeeded trial reported {metric_id!r}: nothing to train with "
+                       f"({len(trials)} trial(s): {sorted({t.get('state', '?') for t in trials})})")
+  print(f"best trial {best[1].get('id')}: {metric_id}={best[0]} with {best[1].get('parameters')}")
+  return {**trainer_flags, **{p["parameterId"]: p["value"] for p in best[1].get("parameters", [])}}
+
+
 @dsl.component(base_image="python:3.10", packages_to_install=["google-cloud-storage>=2"])
 def check_data(train_data: str, eval_data: str) -> int:
   """Fails the run early unless each pattern the trainer will read matches objects; returns how many training
@@ -197,6 +245,21 @@ def load_config(path: str, values: dict[str, str]) -> vertex_config.JobConfig:
   return config
 
 
+def load_tuning_config(path: str, values: dict[str, str]) -> vertex_config.JobConfig:
+  config = vertex_config.load(path, {**values, "RUN_ID": RUN_ID_MARK})
+  if config.kind != "hp_tuning":
+    raise PipelineError(f"--tuning_config={path}: expected a hyperparameter-tuning config (studySpec + "
+                        "trialJobSpec, like cloud_configs/hp_tuning.yaml), got a custom-job config")
+  return config
+
+
+def tuning_spec_json(tuning: vertex_config.JobConfig, *, bucket: str) -> str:
+  """The tuning study's trial pools and output directory, as the training-spec step takes a job spec."""
+  trial = tuning.body["trialJobSpec"]
+  base = trial.get("baseOutputDirectory") or {"outputUriPrefix": f"gs://{bucket}/pipeline-tuning/{RUN_ID_MARK}"}
+  return json.dumps({"workerPoolSpecs": trial["workerPoolSpecs"], "baseOutputDirectory": base})
+
+
 def boolean_flags() -> list[str]:
   """The trainer's boolean flags (absl spells them --name, --noname or --name=true|false)."""
   return sorted(name for name, flag in _trainer_flag_values().items() if flag.boolean)
@@ -220,11 +283,14 @@ def job_spec_json(config: vertex_config.JobConfig, *, bucket: str) -> str:
 
 
 def build_pipeline(config: vertex_config.JobConfig, *, bucket: str, params: dict[str, Any] | None = None,
-                   serving_image: str | None = None):
+                   serving_image: str | None = None, tuning: vertex_config.JobConfig | None = None):
   """The pipeline function for one config: its pools, args, scheduling and output layout are baked in and run as
   written unless a run's `trainer_flags` / `base_output_dir` say otherwise (`params`, from --param, are their
-  defaults); with a `serving_image`, a model-upload step registers the model after training."""
+  defaults); with a `serving_image`, a model-upload step registers the model after training; with a `tuning`
+  config, its study runs first and training gets the best trial's parameters."""
   from google_cloud_pipeline_components.v1.custom_job import CustomTrainingJobOp  # pylint: disable=g-import-not-at-top
+  from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import \
+      HyperparameterTuningJobRunOp  # pylint: disable=g-import-not-at-top
   from google_cloud_pipeline_components.v1.model import ModelUploadOp  # pylint: disable=g-import-not-at-top
 
   spec_json = job_spec_json(config, bucket=bucket)
@@ -236,9 +302,32 @@ def build_pipeline(config: vertex_config.JobConfig, *, bucket: str, params: dict
   @dsl.pipeline(name=PIPELINE_NAME, description=f"Trains with {os.path.basename(config.path)}")
   def training_pipeline(project: str, location: str, trainer_flags: dict = default_flags,
                         base_output_dir: str = default_output_dir):
-    spec = training_spec(job_spec=spec_json, run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, trainer_flags=trainer_flags,
-                         base_output_dir=base_output_dir, boolean_flags=booleans)
-    checked = check_data(train_data=spec.outputs["train_data"], eval_data=spec.outputs["eval_data"])
+    training_flags = trainer_flags
+    if tuning is not None:
+      study = tuning.body["studySpec"]
+      trials_spec = training_spec(job_spec=tuning_spec_json(tuning, bucket=bucket),
+                                  run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, trainer_flags=trainer_flags,
+                                  base_output_dir="", boolean_flags=booleans).set_display_name("tuning-spec")
+      trials_checked = check_data(train_data=trials_spec.outputs["train_data"],
+                                  eval_data=trials_spec.outputs["eval_data"]).set_display_name("check-tuning-data")
+      tuned = HyperparameterTuningJobRunOp(
+          project=project, location=location, display_name="vertex-tf-trainer-tuning",
+          base_output_directory=trials_spec.outputs["base_output_dir"],
+          worker_pool_specs=trials_spec.outputs["worker_pool_specs"], study_spec_metrics=study["metrics"],
+          study_spec_parameters=study["parameters"], max_trial_count=int(tuning.body["maxTrialCount"]),
+          parallel_trial_count=int(tuning.body.get("parallelTrialCount", 1)),
+          max_failed_trial_count=int(tuning.body.get("maxFailedTrialCount", 0)),
+          study_spec_algorithm=study.get("algorithm", "ALGORITHM_UNSPECIFIED"),
+          study_spec_measurement_selection_type=study.get("measurementSelectionType", "BEST_MEASUREMENT"),
+      ).after(trials_checked)
+      trials = tuning_trials(gcp_resources=tuned.outputs["gcp_resources"])
+      training_flags = best_trial_flags(trials=trials.output, metric_id=study["metrics"][0]["metricId"],
+                                        goal=study["metrics"][0]["goal"], trainer_flags=trainer_flags).output
+    # (With a tuning step first, kfp keys these tasks training-spec-2 and check-data-2; the console shows these names.)
+    spec = training_spec(job_spec=spec_json, run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, trainer_flags=training_flags,
+                         base_output_dir=base_output_dir, boolean_flags=booleans).set_display_name("training-spec")
+    checked = check_data(train_data=spec.outputs["train_data"],
+                         eval_data=spec.outputs["eval_data"]).set_display_name("check-data")
     optional = {}
     if scheduling.get("timeout"):
       optional["timeout"] = scheduling["timeout"]
@@ -261,11 +350,11 @@ def build_pipeline(config: vertex_config.JobConfig, *, bucket: str, params: dict
 
 
 def compile_pipeline(config: vertex_config.JobConfig, output: str, *, bucket: str, params: dict[str, Any] | None = None,
-                     serving_image: str | None = None) -> str:
+                     serving_image: str | None = None, tuning: vertex_config.JobConfig | None = None) -> str:
   from kfp import compiler  # pylint: disable=g-import-not-at-top
 
-  compiler.Compiler().compile(build_pipeline(config, bucket=bucket, params=params, serving_image=serving_image),
-                              output)
+  compiler.Compiler().compile(build_pipeline(config, bucket=bucket, params=params, serving_image=serving_image,
+                                             tuning=tuning), output)
   return output
 
 
@@ -312,6 +401,31 @@ def check_run(config: vertex_config.JobConfig, params: dict[str, Any], *, bucket
     raise PipelineError(f"every scheduled run would write to {base}, and a later run would find the earlier run's "
                         f"final checkpoint and not train; put ${{RUN_ID}} in {config.path}'s "
                         f"baseOutputDirectory.outputUriPrefix or pass --param={BASE_OUTPUT_DIR}=gs://.../${{RUN_ID}}")
+
+
+def check_tuning(tuning: vertex_config.JobConfig, params: dict[str, Any], *, bucket: str, scheduled: bool) -> None:
+  """The tuning step's trials as the run would start them: their trainer args and every value the study can give
+  them pass the trainer's checks, no run parameter fixes a tuned name, and scheduled runs' studies stay apart."""
+  from scripts import study_spec  # pylint: disable=g-import-not-at-top
+
+  run = training_spec.python_func(job_spec=tuning_spec_json(tuning, bucket=bucket), run_name="check",
+                                  trainer_flags=params["trainer_flags"], base_output_dir="",
+                                  boolean_flags=boolean_flags())
+  body = {**tuning.body, "trialJobSpec": {**tuning.body["trialJobSpec"], "workerPoolSpecs": run.worker_pool_specs}}
+  submit_lib.check_trainer_args(body, "hp_tuning")
+  try:
+    tuned = [p.id for p in study_spec.parse(body, tuning.path).all_parameters()]
+  except study_spec.StudyError as e:
+    raise PipelineError(str(e)) from None
+  fixed = sorted(set(tuned) & set(params["trainer_flags"]))
+  if fixed:
+    raise PipelineError(f"--param {fixed[0]}=...: {tuning.path}'s study tunes {fixed[0]!r}; a run parameter would fix "
+                        "it in every trial (drop the --param, or the parameter from the study)")
+  submit_lib.check_study(body, tuning.path)
+  base = json.loads(tuning_spec_json(tuning, bucket=bucket))["baseOutputDirectory"]["outputUriPrefix"]
+  if scheduled and RUN_ID_MARK not in base:
+    raise PipelineError(f"every scheduled run's study would write to {base}; put ${{RUN_ID}} in "
+                        f"{tuning.path}'s trialJobSpec.baseOutputDirectory.outputUriPrefix")
 
 
 def check_schedule(cron: str, time_zone: str, start_time: str | None, end_time: str | None,
@@ -374,34 +488,60 @@ def _whole_numbers(value):
   return value
 
 
-def run_local(config: vertex_config.JobConfig, params: dict[str, Any], *, bucket: str, run_id: str,
-              extra: list[str]) -> dict:
-  """Every step on this machine with the run's parameters, as submit sends them: kfp's local runner for the Python
-  steps, local_vertex.py for training (`run_id` stands in for the pipeline job's name)."""
-  from kfp import local  # pylint: disable=g-import-not-at-top
-
+def _run_local_vertex(body: dict, config_path: str, args: list[str], *, step: str) -> None:
+  """local_vertex.py on `body`, written beside the config it came from (so relative paths in it still hold)."""
   from scripts import local_vertex  # pylint: disable=g-import-not-at-top
 
+  with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=os.path.dirname(config_path)) as f:
+    yaml.safe_dump(body, f)
+    step_config = f.name
+  try:
+    code = local_vertex.main([f"--config={step_config}", *args])
+  finally:
+    os.remove(step_config)
+  if code:
+    raise PipelineError(f"{step} step failed (local_vertex exit code {code})")
+
+
+def run_local(config: vertex_config.JobConfig, params: dict[str, Any], *, bucket: str, run_id: str,
+              extra: list[str], tuning: vertex_config.JobConfig | None = None) -> dict:
+  """Every step on this machine with the run's parameters, as submit sends them: kfp's local runner for the Python
+  steps, local_vertex.py for the study and for training (`run_id` stands in for the pipeline job's name)."""
+  from kfp import local  # pylint: disable=g-import-not-at-top
+
   local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=tempfile.mkdtemp(prefix="kfp-local-"))
+  trainer_flags = params["trainer_flags"]
+  result: dict[str, Any] = {}
+  if tuning is not None:
+    # The tuning step: the study's trial pools with this run's flags, run as a local study; then the best
+    # succeeded trial's parameters, picked by the same component the compiled pipeline runs.
+    trials_spec = training_spec(job_spec=tuning_spec_json(tuning, bucket=bucket), run_name=run_id,
+                                trainer_flags=trainer_flags, base_output_dir="", boolean_flags=boolean_flags())
+    check_data(train_data=trials_spec.outputs["train_data"], eval_data=trials_spec.outputs["eval_data"])
+    study_dir = tempfile.mkdtemp(prefix=f"{run_id}-tuning-")
+    trial_job = {**tuning.body["trialJobSpec"], "workerPoolSpecs": _whole_numbers(trials_spec.outputs["worker_pool_specs"]),
+                 "baseOutputDirectory": {"outputUriPrefix": trials_spec.outputs["base_output_dir"]}}
+    _run_local_vertex({**tuning.body, "trialJobSpec": trial_job}, tuning.path,
+                      [f"--bucket={bucket}", f"--run_id={run_id}-tuning", *extra, f"--job_dir={study_dir}"],
+                      step="tuning")
+    with open(os.path.join(study_dir, "study.json")) as f:
+      trials = json.load(f)["trials"]
+    metric = tuning.body["studySpec"]["metrics"][0]
+    best = best_trial_flags(trials=trials, metric_id=metric["metricId"], goal=metric["goal"],
+                            trainer_flags=trainer_flags)
+    trainer_flags = best.output
+    result["tuning"] = {"study": os.path.join(study_dir, "study.json"), "trainer_flags": trainer_flags}
   spec = training_spec(job_spec=job_spec_json(config, bucket=bucket), run_name=run_id,
-                       trainer_flags=params["trainer_flags"], base_output_dir=params.get(BASE_OUTPUT_DIR, ""),
+                       trainer_flags=trainer_flags, base_output_dir=params.get(BASE_OUTPUT_DIR, ""),
                        boolean_flags=boolean_flags())
   output_dir = spec.outputs["base_output_dir"]
   checked = check_data(train_data=spec.outputs["train_data"], eval_data=spec.outputs["eval_data"])
   # The training step: the same pools, run replica by replica as Vertex would run them.
-  with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=os.path.dirname(config.path)) as f:
-    body = {**config.body, "workerPoolSpecs": _whole_numbers(spec.outputs["worker_pool_specs"]),
-            "baseOutputDirectory": {"outputUriPrefix": output_dir}}
-    yaml.safe_dump(body, f)
-    step_config = f.name
-  try:
-    code = local_vertex.main([f"--config={step_config}", f"--bucket={bucket}", f"--run_id={run_id}", *extra])
-  finally:
-    os.remove(step_config)
-  if code:
-    raise PipelineError(f"training step failed (local_vertex exit code {code})")
+  body = {**config.body, "workerPoolSpecs": _whole_numbers(spec.outputs["worker_pool_specs"]),
+          "baseOutputDirectory": {"outputUriPrefix": output_dir}}
+  _run_local_vertex(body, config.path, [f"--bucket={bucket}", f"--run_id={run_id}", *extra], step="training")
   metrics = read_metrics(base_output_dir=output_dir)
-  return {"base_output_dir": output_dir, "check_data": checked.output, "metric": metrics.outputs["Output"],
+  return {**result, "base_output_dir": output_dir, "check_data": checked.output, "metric": metrics.outputs["Output"],
           "metrics": dict(metrics.outputs["metrics"].metadata)}
 
 
@@ -433,6 +573,9 @@ def main(argv: list[str] | None = None) -> int:
                       help="add a model-upload step after training: the SavedModel into Model Registry")
   parser.add_argument("--serving_image", default=None,
                       help="the model's serving container (default: the prebuilt TF prediction image for its TF)")
+  parser.add_argument("--tuning_config", default=None, metavar="PATH",
+                      help="a hyperparameter-tuning config (cloud_configs/hp_tuning.yaml): its study runs first and "
+                      "the training step gets the best trial's parameters")
   parser.add_argument("--dry_run", action="store_true")
   parser.add_argument("--api_endpoint", default=os.environ.get("VERTEX_API_ENDPOINT"), help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
@@ -458,8 +601,17 @@ def _main(args) -> int:
   values = vertex_config.values_from(os.environ, project=args.project or "local-project", region=args.region,
                                      bucket=args.bucket)
   # Validate before anything is built, compiled or sent.
-  pending = load_config(args.config, {**values, "PACKAGE_URI": f"gs://{args.bucket}/staging/pending.tar.gz"})
+  pending_uri = {"PACKAGE_URI": f"gs://{args.bucket}/staging/pending.tar.gz"}
+  pending = load_config(args.config, {**values, **pending_uri})
   check_run(pending, params, bucket=args.bucket, scheduled=args.command == "schedule")
+  if args.tuning_config:
+    pending_tuning = load_tuning_config(args.tuning_config, {**values, **pending_uri})
+    check_tuning(pending_tuning, params, bucket=args.bucket, scheduled=args.command == "schedule")
+    stopping = next((k for k in pending_tuning.body["studySpec"] if k.endswith("StoppingSpec")), None)
+    if stopping and args.command != "local":
+      print(f"warning: {args.tuning_config}: {stopping} is not passed on by the tuning step "
+            "(google-cloud-pipeline-components' HyperparameterTuningJobRunOp takes metrics, parameters, algorithm "
+            "and measurement selection only): the pipeline's trials run to their end", file=sys.stderr)
   if args.command in ("submit", "schedule") and not args.project:
     raise PipelineError("--project is required (or set PROJECT)")
   if args.command == "local" and args.upload_model:
@@ -471,8 +623,10 @@ def _main(args) -> int:
       raise PipelineError("local runs every step against the emulated bucket: start it first with "
                           f'eval "$(python -m scripts.gcs_emulator start --bucket {args.bucket})" and stage the data '
                           "there (python -m scripts.stage_data)")
-    config = load_config(args.config, {**values, "PACKAGE_URI": f"gs://{args.bucket}/staging/local.tar.gz"})
-    result = run_local(config, params, bucket=args.bucket, run_id=run_id,
+    local_uri = {"PACKAGE_URI": f"gs://{args.bucket}/staging/local.tar.gz"}
+    config = load_config(args.config, {**values, **local_uri})
+    tuning = load_tuning_config(args.tuning_config, {**values, **local_uri}) if args.tuning_config else None
+    result = run_local(config, params, bucket=args.bucket, run_id=run_id, tuning=tuning,
                        extra=args.local_arg + [f"--extra_package={p}" for p in args.extra_package])
     print(json.dumps(result, default=str))
     return 0
@@ -482,13 +636,17 @@ def _main(args) -> int:
     extras = submit_lib.stage_extra_packages(args.extra_package, args.bucket, tempfile.mkdtemp(dir=scratch))
     config = load_config(args.config, {**values, "PACKAGE_URI": uri})
     submit_lib.add_package_uris(config.body, [u for _, u in extras])  # compiled into the training step
+    tuning = None
+    if args.tuning_config:
+      tuning = load_tuning_config(args.tuning_config, {**values, "PACKAGE_URI": uri})
+      submit_lib.add_package_uris(tuning.body["trialJobSpec"], [u for _, u in extras])  # and into every trial
     output = args.output if args.command == "compile" else os.path.join(scratch, "pipeline.yaml")
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     serving_image = None
     if args.upload_model:
       serving_image = args.serving_image or registry.serving_image(
           submit_lib.training_tf_of(config.body["workerPoolSpecs"][0]), args.region)
-    compile_pipeline(config, output, bucket=args.bucket, params=params, serving_image=serving_image)
+    compile_pipeline(config, output, bucket=args.bucket, params=params, serving_image=serving_image, tuning=tuning)
     if args.command == "compile":
       # The packages it names are kept beside it (the run needs them in the bucket); submit and schedule upload them.
       packages = args.output + ".packages"
@@ -498,7 +656,9 @@ def _main(args) -> int:
         kept.append((shutil.copy(local_path, os.path.join(packages, os.path.basename(local_path))), remote))
       copies = "; ".join(f"gcloud storage cp {local_path} {remote}" for local_path, remote in kept)
       overrides = " ".join(f"--{k}={v}" for k, v in params["trainer_flags"].items())
-      print(f"compiled {output} (training pools and args from {args.config}"
+      tuned = f"; a tuning study from {args.tuning_config} first, its best trial's parameters to training" \
+          if tuning else ""
+      print(f"compiled {output} (training pools and args from {args.config}{tuned}"
             f"{'; run parameters default to ' + overrides if overrides else ''}); before running it, copy its "
             f"packages to the bucket: {copies}")
       return 0

@@ -160,6 +160,13 @@ def test_submit_and_schedule_are_captured(gcs, capsys):
      r"checkpoint and not train; put \$\{RUN_ID\} in "),
     (["submit"], r"^error: --project is required"),
     (["compile", "--config=cloud_configs/hp_tuning.yaml"], r"takes a custom-job config, not hp_tuning"),
+    (["submit", "--tuning_config=cloud_configs/single_cpu.yaml"],
+     r"^error: --tuning_config=cloud_configs/single_cpu.yaml: expected a hyperparameter-tuning config"),
+    (["submit", "--tuning_config=cloud_configs/hp_tuning.yaml", "--param=learning_rate=0.01"],
+     r"^error: --param learning_rate=\.\.\.: cloud_configs/hp_tuning.yaml's study tunes 'learning_rate'; a run "
+     r"parameter would fix it in every trial"),
+    (["submit", "--tuning_config=cloud_configs/hp_tuning.yaml", "--param=dropout=0.2"],
+     r"^error: --param dropout=\.\.\.: .*study tunes 'dropout'"),
 ])
 def test_bad_input_compiles_and_sends_nothing(tmp_path, capsys, args, message):
   output = tmp_path / "p.yaml"
@@ -243,3 +250,103 @@ def test_local_pipeline_check_data_fails_on_missing_data(gcs, capsys):
   with pytest.raises(RuntimeError):
     pipeline.main(["local", f"--config={CONFIG}", "--bucket=test-bucket", "--run_id=local2",
                    "--param=train_data=gs://test-bucket/absent/*.tfrecord"])
+
+
+def test_a_tuning_step_compiles_before_training(tmp_path, capsys):
+  """--tuning_config: the study's trial pools (the run's flags applied) go to Vertex's tuning job, its trials are
+  read back, and the training step gets the best trial's parameters over the run's trainer flags."""
+  output = tmp_path / "pipeline.yaml"
+  assert pipeline.main(["compile", f"--config={CONFIG}", "--tuning_config=cloud_configs/hp_tuning.yaml",
+                        "--bucket=bkt", f"--output={output}", "--param=train_steps=600"]) == 0, capsys.readouterr()
+  assert "a tuning study from cloud_configs/hp_tuning.yaml first" in capsys.readouterr().out
+  keyed = yaml.safe_load(output.read_text())["root"]["dag"]["tasks"]
+  tasks = {task["taskInfo"]["name"]: task for task in keyed.values()}  # as the console shows them
+  assert set(tasks) == {"tuning-spec", "check-tuning-data", "hyperparameter-tuning-job", "tuning-trials",
+                        "best-trial-flags", "training-spec", "check-data", "custom-training-job", "read-metrics"}
+  names = {key: task["taskInfo"]["name"] for key, task in keyed.items()}
+  tuning = tasks["hyperparameter-tuning-job"]["inputs"]["parameters"]
+  config = vertex_config.load(os.path.join(procs.REPO, "cloud_configs", "hp_tuning.yaml"),
+                              {"BUCKET": "bkt", "RUN_ID": "${RUN_ID}", "PACKAGE_URI": "gs://bkt/p.tar.gz"}).body
+  assert tuning["study_spec_parameters"]["runtimeValue"]["constant"] == config["studySpec"]["parameters"]
+  assert tuning["max_trial_count"]["runtimeValue"]["constant"] == 12
+  assert names[tuning["worker_pool_specs"]["taskOutputParameter"]["producerTask"]] == "tuning-spec"
+  flags = tasks["training-spec"]["inputs"]["parameters"]["trainer_flags"]["taskOutputParameter"]
+  assert flags == {"producerTask": "best-trial-flags", "outputParameterKey": "Output"}
+  assert "check-tuning-data" in {names[k] for k in tasks["hyperparameter-tuning-job"]["dependentTasks"]}
+  trial_spec = json.loads(tasks["tuning-spec"]["inputs"]["parameters"]["job_spec"]["runtimeValue"]["constant"])
+  # The trials' pools as the tuning config has them (the run's flags are applied by tuning-spec at run time).
+  assert trial_spec["workerPoolSpecs"][0]["pythonPackageSpec"]["args"] == \
+      config["trialJobSpec"]["workerPoolSpecs"][0]["pythonPackageSpec"]["args"]
+  assert trial_spec["baseOutputDirectory"] == {"outputUriPrefix": "gs://bkt/tuning/${RUN_ID}"}
+
+
+def test_the_best_trial_read_from_vertex_becomes_the_training_flags():
+  """tuning-trials reads the finished job's trials through the API (a stand-in for Vertex here); best-trial-flags
+  picks the best succeeded one for the study's goal and puts its values over the run's flags."""
+  trials = [
+      {"id": "1", "state": "SUCCEEDED", "parameters": [{"parameterId": "learning_rate", "value": 0.01},
+                                                       {"parameterId": "global_batch_size", "value": 256.0}],
+       "finalMeasurement": {"stepCount": "1000", "metrics": [{"metricId": "accuracy", "value": 0.91}]}},
+      {"id": "2", "state": "SUCCEEDED", "parameters": [{"parameterId": "learning_rate", "value": 0.003},
+                                                       {"parameterId": "global_batch_size", "value": 128.0}],
+       "finalMeasurement": {"stepCount": "1000", "metrics": [{"metricId": "accuracy", "value": 0.93}]}},
+      {"id": "3", "state": "INFEASIBLE", "parameters": [{"parameterId": "learning_rate", "value": 0.5}],
+       "infeasibleReason": "exit 1"},
+  ]
+  with fake_vertex.running() as fake:
+    name = "projects/p/locations/us-central1/hyperparameterTuningJobs/77"
+    fake.resources[name] = {"name": name, "displayName": "t", "state": "JOB_STATE_SUCCEEDED", "trials": trials}
+    resources = json.dumps({"resources": [{"resourceType": "HyperparameterTuningJob",
+                                           "resourceUri": f"https://us-central1-aiplatform.googleapis.com/v1/{name}"}]})
+    read = pipeline.tuning_trials.python_func(gcp_resources=resources, api_endpoint=fake.endpoint)
+  assert [t["id"] for t in read] == ["1", "2", "3"] and read[1]["finalMeasurement"]["metrics"][0]["value"] == 0.93
+  best = pipeline.best_trial_flags.python_func(trials=read, metric_id="accuracy", goal="MAXIMIZE",
+                                               trainer_flags={"train_steps": "600", "learning_rate": "0.1"})
+  assert best == {"train_steps": "600", "learning_rate": 0.003, "global_batch_size": 128.0}
+  assert pipeline.best_trial_flags.python_func(trials=read, metric_id="accuracy", goal="MINIMIZE",
+                                               trainer_flags={})["learning_rate"] == 0.01
+  with pytest.raises(RuntimeError, match=r"no succeeded trial reported 'loss'"):
+    pipeline.best_trial_flags.python_func(trials=read, metric_id="loss", goal="MINIMIZE", trainer_flags={})
+  # The training spec writes the trial's DISCRETE float as the integer flag it is.
+  spec = _spec([{"replicaCount": 1, "pythonPackageSpec": {"args": ["--global_batch_size=64"]}}], best)
+  assert spec.worker_pool_specs[0]["pythonPackageSpec"]["args"][0] == "--global_batch_size=128"
+
+
+def test_local_pipeline_tunes_then_trains_with_the_best_trial(gcs, churn_data, tmp_path, capsys):
+  """`local --tuning_config`: a two-trial study on the emulator, then training with the best trial's learning
+  rate, read back from the trained model's run record."""
+  for split in ("train", "eval"):
+    stage_data.upload_tree(f"{churn_data}/{split}", f"gs://test-bucket/tune/{split}")
+  study = tmp_path / "study.yaml"
+  study.write_text(open(os.path.join(procs.REPO, "cloud_configs", "hp_tuning.yaml")).read()
+                   .replace("gs://${BUCKET}/data/", "gs://${BUCKET}/tune/")
+                   .replace("--train_steps=1000", "--train_steps=40\n          - --global_batch_size=64")
+                   .replace("""    - parameterId: dropout
+      doubleValueSpec: {minValue: 0.0, maxValue: 0.4}
+      scaleType: UNIT_LINEAR_SCALE
+    - parameterId: global_batch_size
+      discreteValueSpec: {values: [128, 256, 512]}
+""", ""))
+  config = tmp_path / "train.yaml"
+  config.write_text(open(os.path.join(procs.REPO, "cloud_configs", "single_cpu.yaml")).read()
+                    .replace("gs://${BUCKET}/data/", "gs://${BUCKET}/tune/").replace("--train_steps=1000",
+                                                                                      "--train_steps=50"))
+  code = pipeline.main(["local", f"--config={config}", f"--tuning_config={study}", "--bucket=test-bucket",
+                        "--run_id=tuned1", "--local_arg=--max_trials=2", "--local_arg=--quiet"])
+  out = capsys.readouterr().out
+  assert code == 0, out[-3000:]
+  result = json.loads(out.strip().splitlines()[-1])
+  record = json.load(open(result["tuning"]["study"]))
+  done = [t for t in record["trials"] if t["state"] == "SUCCEEDED"]
+  best = max(done, key=lambda t: t["finalMeasurement"]["metrics"][0]["value"])
+  assert len(record["trials"]) == 2 and record["bestTrial"] == best["id"]
+  best_rate = best["parameters"][0]["value"]
+  assert result["tuning"]["trainer_flags"] == {"learning_rate": best_rate}
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  with tf.io.gfile.GFile("gs://test-bucket/runs/tuned1/model/trainer_config.json") as f:
+    train = json.load(f)["config"]["train"]
+  assert train["learning_rate"] == pytest.approx(best_rate) and train["train_steps"] == 50
+  # The trials wrote under the study's own output, one dir per trial.
+  assert tf.io.gfile.exists("gs://test-bucket/tuning/tuned1/1/model/trainer_config.json")
+  assert tf.io.gfile.exists("gs://test-bucket/tuning/tuned1/2/model/trainer_config.json")
