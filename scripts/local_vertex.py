@@ -267,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
                            "setup.py, or a built sdist/wheel; staged and installed beside the trainer")
   parser.add_argument("--replica_count", action="append", default=[], help="POOL=N: run N replicas of pool POOL")
   parser.add_argument("--restart_failed", type=int, default=0, help="restart a failed replica up to N times")
-  parser.add_argument("--timeout_secs", type=float, default=1800)
+  parser.add_argument("--timeout_secs", type=float, default=1800, help="stop the job after this long (a study: "
+                      "each trial)")
   parser.add_argument("--preempt", action="append", default=[], metavar="REPLICA@SECONDS[,...]",
                       help="preempt a replica (e.g. workerpool1-0@40) as Spot does: SIGTERM, SIGKILL after "
                       "--preempt_grace_secs, then a restart (repeatable)")

@@ -76,6 +76,10 @@ def trial_arg(parameter: Parameter, value: Any) -> str:
   return f"--{parameter.id}={value}"
 
 
+# Trainer flags that name where a job writes: fixed in a trial's args, every trial would share them.
+_OUTPUT_FLAGS = ("--output_dir", "--model_dir", "--checkpoint_dir", "--tensorboard_dir")
+
+
 class StudyError(ValueError):
   """One line: what in the StudySpec is wrong and what would be accepted."""
 
@@ -209,6 +213,11 @@ def check_against_trainer(spec: StudySpec, trial_args: list[str], check: Callabl
   if reported[-1] != spec.metric:
     raise StudyError(f"studySpec metric {spec.metric!r} is not what the trainer reports "
                      f"(--hypertune_metric={reported[-1]})")
+  shared = [a for a in trial_args if a.split("=", 1)[0] in _OUTPUT_FLAGS]
+  if shared:
+    raise StudyError(f"the trial's args set {shared[0]}: every trial would write there, and a trial would resume "
+                     "from another's checkpoint; drop it so each trial writes under <baseOutputDirectory>/<trial id>/ "
+                     "(AIP_MODEL_DIR, AIP_CHECKPOINT_DIR, AIP_TENSORBOARD_LOG_DIR)")
   tuned = {p.id for p in spec.all_parameters()}
   fixed = sorted({a[2:].split("=", 1)[0] for a in trial_args if a.startswith("--")} & tuned)
   if fixed:

@@ -326,6 +326,9 @@ def test_bad_studies_start_nothing(iris_staged, tmp_path, capsys):
        r"add --hypertune_metric=accuracy"),
       (dict(parameters=TUNED, args=("--hypertune_metric=loss",)),
        r"studySpec metric 'accuracy' is not what the trainer reports \(--hypertune_metric=loss\)"),
+      # One output dir for every trial: they would overwrite each other and resume from each other's checkpoints.
+      (dict(parameters=TUNED, args=("--hypertune_metric=accuracy", "--output_dir=gs://test-bucket/one-dir")),
+       r"^error: the trial's args set --output_dir=gs://test-bucket/one-dir: every trial would write there"),
   ]
   for i, (kwargs, message) in enumerate(cases):
     config = _config(tmp_path / f"bad{i}.yaml", **kwargs)
