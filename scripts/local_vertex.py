@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import importlib
 import json
 import os
 import signal
@@ -223,16 +222,16 @@ def _study(args, config: vertex_config.JobConfig, body: dict) -> study_spec.Stud
 def _check_study(spec: study_spec.StudySpec, trial_args: list[str], *, site: str | None = None) -> None:
   """Every value a trial can get, checked as the trainer will check it (`site`: where the job's packages are
   installed, so a plug-in model from --extra_package is read as the trials will read it)."""
-  if site is not None:
-    sys.path.insert(0, site)
-    importlib.invalidate_caches()
   try:
-    study_spec.check_trial_values(spec, trial_args)
+    complete = study_spec.check_trial_values(spec, trial_args, site=site)
   except study_spec.StudyError as e:
     raise LocalRunError(str(e)) from None
-  finally:
-    if site is not None:
-      sys.path.remove(site)
+  if site is not None and not complete:
+    from trainer import hparams as hparams_lib  # pylint: disable=g-import-not-at-top
+
+    model = hparams_lib.model_from_argv(trial_args)
+    raise LocalRunError(f"--model={model}: not importable from the trials' packages (the trainer and each "
+                        "--extra_package): every trial would fail; pass your package with --extra_package=DIR")
 
 
 def _run_study(args, spec: study_spec.StudySpec, job_spec: dict, staged: Staged, *, job_id: str, job_dir: str,

@@ -10,6 +10,9 @@ How Vertex passes a trial's values (what `trial_arg` writes): `--ID=VALUE`, a DI
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import os
+import sys
 from typing import Any, Callable, Collection, Iterator
 
 from scripts import vertex_config
@@ -37,8 +40,9 @@ class Parameter:
   def extremes(self) -> tuple:
     """The values a trial can receive that the trainer must accept: both ends of a range, every listed value."""
     if self.kind == "double":
-      # And one value inside that is not a whole number: an int hyperparameter takes 1.0, never 11.33.
-      return (self.low, self.high, self.low + (self.high - self.low) / 3)
+      # And one value inside that is not a whole number: an int hyperparameter takes 24.0, never 24.33.
+      inside = (self.low + (self.high - self.low) * f for f in (1 / 3, 0.6180339887, 0.5, 0.1234567))
+      return (self.low, self.high, next((v for v in inside if not v.is_integer()), self.low))
     if self.kind == "integer":
       return (int(self.low), int(self.high))
     return self.values
@@ -246,8 +250,11 @@ def trainer_args(body: dict) -> list[str]:
   return list(vertex_config.trainer_spec(pools[0]).get("args", []))
 
 
-def check_trial_values(spec: StudySpec, trial_args: list[str]) -> None:
-  """check_against_trainer with the trainer's own argument check (as submit and local runs use it)."""
+def check_trial_values(spec: StudySpec, trial_args: list[str], *, site: str | None = None) -> bool:
+  """check_against_trainer with the trainer's own argument check, as submit and local runs use it; `site`: a dir
+  the job's packages are installed in, so a plug-in model from --extra_package is read as the trials will read
+  it. Returns False when the model is a plug-in that cannot be imported here (then only the trainer's own flags
+  were judged)."""
   from trainer import flags as trainer_flags  # pylint: disable=g-import-not-at-top
   from trainer.errors import UserError  # pylint: disable=g-import-not-at-top
 
@@ -257,4 +264,16 @@ def check_trial_values(spec: StudySpec, trial_args: list[str]) -> None:
     except UserError as e:
       raise StudyError(str(e).split("trainer args rejected: ", 1)[-1]) from None
 
-  check_against_trainer(spec, trial_args, check, only=trainer_flags.checkable_names(trial_args))
+  if site is not None:
+    sys.path.insert(0, site)
+    importlib.invalidate_caches()
+  try:
+    only = trainer_flags.checkable_names(trial_args)
+    check_against_trainer(spec, trial_args, check, only=only)
+  finally:
+    if site is not None:  # forget what was imported from there: the next job's packages are its own
+      sys.path.remove(site)
+      for name, module in list(sys.modules.items()):
+        if (getattr(module, "__file__", None) or "").startswith(site + os.sep):
+          del sys.modules[name]
+  return only is None

@@ -158,15 +158,23 @@ def check_trainer_args(body: dict, kind: str) -> None:
         raise SubmitError(str(e)) from None
 
 
-def check_study(body: dict, path: str) -> None:
-  """A tuning config's StudySpec, and every value a trial can get checked as the trainer will check it."""
+def check_study(body: dict, path: str, *, packages: list[str] = ()) -> bool:
+  """A tuning config's StudySpec, and every value a trial can get checked as the trainer will check it; with
+  `packages` (the built --extra_package archives), against the plug-in model they hold. False when the model is a
+  plug-in that could not be imported (then only the trainer's own flags were judged)."""
   from scripts import study_spec  # pylint: disable=g-import-not-at-top
 
-  try:
-    spec = study_spec.parse(body, path)
-    study_spec.check_trial_values(spec, study_spec.trainer_args(body))
-  except study_spec.StudyError as e:
-    raise SubmitError(str(e)) from None
+  with tempfile.TemporaryDirectory(prefix="study-check-") as site:
+    for archive in packages:  # installed as Vertex installs packageUris, to read the model's HPARAMS
+      result = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                               "--no-index", "--target", site, archive], capture_output=True, text=True, check=False)
+      if result.returncode:
+        raise SubmitError(f"installing {archive} to check the study failed: {result.stderr.strip().splitlines()[-1:]}")
+    try:
+      spec = study_spec.parse(body, path)
+      return study_spec.check_trial_values(spec, study_spec.trainer_args(body), site=site if packages else None)
+    except study_spec.StudyError as e:
+      raise SubmitError(str(e)) from None
 
 
 def request_for(kind: str, body: dict, display_name: str) -> dict:
@@ -312,9 +320,12 @@ def _submit(args) -> int:
       build_request = cloud_build.build_request(project=args.project, region=args.region,
                                                 image=values.get("TRAINER_IMAGE") or vertex_config.default_trainer_image(
                                                     args.project, args.region), context_uri=context_uri)
+    if pending.kind == "hp_tuning" and not check_study(checked, args.config, packages=[a for a, _ in extras]):
+      print("warning: the trials' --model is not importable here (pass its package with --extra_package): the "
+            "study's parameters were checked against the trainer's own flags only", file=sys.stderr)
     config = vertex_config.load(args.config, {**values, "PACKAGE_URI": uri})
     body = apply_overrides(config, args.args, env)
-    add_package_uris(body, [u for _, u in extras])
+    add_package_uris(body["trialJobSpec"] if config.kind == "hp_tuning" else body, [u for _, u in extras])
     request = request_for(config.kind, body, display_name)
     for warning in config.warnings:
       print(f"warning: {warning}", file=sys.stderr)

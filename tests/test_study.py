@@ -337,6 +337,11 @@ def test_bad_studies_start_nothing(iris_staged, tmp_path, capsys):
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1 and re.search(message, errors[0]), (message, err)
     assert not any(name.startswith("trial-") for name in os.listdir(job_dir)) if os.path.isdir(job_dir) else True
+  # The model's package not passed: every trial would fail to import it.
+  code, _ = _run(tmp_path / "nopackage", _config(tmp_path / "ok.yaml", parameters=TUNED), "--run_id=nopackage")
+  err = capsys.readouterr().err
+  assert code == 2 and re.search(r"^error: --model=iris_models:build: not importable from the trials' packages .*"
+                                 r"pass your package with --extra_package=DIR$", err, re.MULTILINE), err
   flag_cases = [("--max_trials=0", r"^error: --max_trials=0: expected a count >= 1"),
                 ("--preempt=workerpool0-0@5", r"^error: --preempt: preemptions are rehearsed on a custom-job config")]
   for flag, message in flag_cases:
@@ -344,6 +349,14 @@ def test_bad_studies_start_nothing(iris_staged, tmp_path, capsys):
                    f"--extra_package={package}")
     err = capsys.readouterr().err
     assert code == 2 and re.search(message, err, re.MULTILINE), err
+
+
+def test_a_double_range_is_probed_off_the_whole_numbers():
+  """An int hyperparameter takes 24.0: the value probed inside a double range must not be whole, or a range like
+  4..64 (a third of the way: 24.0) would pass the check and fail every trial."""
+  for low, high in ((4.0, 64.0), (1.0, 32.0), (0.0, 3.0), (0.0, 0.4)):
+    values = study_spec.Parameter(id="units", kind="double", low=low, high=high).extremes()
+    assert values[:2] == (low, high) and low < values[2] < high and not float(values[2]).is_integer()
 
 
 def test_trial_spec_appends_each_value_as_vertex_passes_it(tmp_path):

@@ -247,6 +247,33 @@ def test_a_study_the_trainer_cannot_run_is_not_sent(gcs, capsys, tmp_path):
   assert child.parent_categorical_values.values == ["adamw"] and child.parameter_spec.parameter_id == "weight_decay"
 
 
+def test_a_study_of_a_users_model_checks_it_and_sends_it_to_every_trial(gcs, capsys, tmp_path):
+  """--extra_package with a tuning config: the built package is installed to read the model as the trials will
+  (its HPARAMS decide which names a study may tune), and it is listed in the trial spec's packageUris."""
+  project = user_package.write(str(tmp_path / "churn-models"))
+  shipped = open(os.path.join(procs.REPO, "cloud_configs", "hp_tuning.yaml")).read()
+  common = ["--project=proj", "--bucket=test-bucket", f"--extra_package={project}", f"--args={user_package.MODEL_FLAG}"]
+  with fake_vertex.running() as fake:
+    # The shipped study tunes --dropout, which this model (no HPARAMS) does not read.
+    assert submit.main(["--config=cloud_configs/hp_tuning.yaml", *common, f"--api_endpoint={fake.endpoint}"]) == 2
+    assert not fake.requests
+  err = capsys.readouterr().err
+  assert re.search(r"^error: studySpec parameter 'dropout' .*--dropout is read by the built-in models only; "
+                   r"--model=churn_models:build does not read it", err, re.M) and len(err.strip().splitlines()) == 1, err
+  no_dropout = tmp_path / "no_dropout.yaml"
+  no_dropout.write_text(shipped.replace("""    - parameterId: dropout
+      doubleValueSpec: {minValue: 0.0, maxValue: 0.4}
+      scaleType: UNIT_LINEAR_SCALE
+""", ""))
+  with fake_vertex.running() as fake:
+    assert submit.main([f"--config={no_dropout}", *common, f"--api_endpoint={fake.endpoint}", "--no_follow"]) == 0, \
+        capsys.readouterr()
+    (body,) = fake.created("hyperparameterTuningJobs")
+  uris = body["trialJobSpec"]["workerPoolSpecs"][0]["pythonPackageSpec"]["packageUris"]
+  assert len(uris) == 2 and uris[1].endswith("churn_models-0.1.0-py3-none-any.whl"), uris
+  assert "not importable here" not in capsys.readouterr().err
+
+
 def test_dry_run_prints_request_and_an_equivalent_gcloud_command(capsys):
   with fake_vertex.running() as fake:
     code = submit.main(["--config=cloud_configs/parameter_server.yaml", "--project=proj", "--bucket=bkt",
