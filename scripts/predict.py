@@ -49,12 +49,13 @@ class SessionModel:
       logger.setLevel(level)
     if signature_name not in meta_graph.signature_def:
       raise PredictError(f"signature {signature_name!r} is not in {model_dir} "
-                         f"(it has: {', '.join(sorted(meta_graph.signature_def))})")
+                         f"(it has: {', '.join(n for n in sorted(meta_graph.signature_def) if not n.startswith('__'))})")
     signature = meta_graph.signature_def[signature_name]
     self.inputs = {name: (info.name, tf.dtypes.as_dtype(info.dtype),
                           [d.size for d in info.tensor_shape.dim] if not info.tensor_shape.unknown_rank else None)
                    for name, info in signature.inputs.items()}
     self.outputs = {name: info.name for name, info in signature.outputs.items()}
+    self.columns = TrainingColumns.beside(model_dir, self.inputs)
 
   def run(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -75,6 +76,35 @@ class SessionModel:
     self._session.close()
 
 
+class TrainingColumns:
+  """What training accepted, from the schema the export was trained with (schema.json beside it): each input's
+  column name in the data (`mean radius` for the input `mean_radius`), its default for a missing, null or empty
+  value, its type, and the label column (a training row copied verbatim carries it; it is not an input)."""
+
+  def __init__(self, features: list[dict], label: str | None, inputs):
+    by_input = {safe_name(f["name"]): f for f in features if safe_name(f["name"]) in inputs}
+    self.column_of = {name: f["name"] for name, f in by_input.items()}
+    self.input_of = {f["name"]: name for name, f in by_input.items()}
+    self.defaults = {name: f.get("default") for name, f in by_input.items()}
+    self.label = label
+
+  @classmethod
+  def beside(cls, model_dir: str, inputs) -> "TrainingColumns":
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    path = model_dir.rstrip("/") + "/schema.json"
+    try:
+      with tf.io.gfile.GFile(path) as f:
+        schema = json.load(f)
+      return cls(list(schema.get("features", [])), (schema.get("label") or {}).get("name"), inputs)
+    except (tf.errors.OpError, ValueError, AttributeError, TypeError):
+      return cls([], None, inputs)  # an export without its schema (not this trainer's): inputs as they are
+
+  def describe(self, name: str) -> str:
+    column = self.column_of.get(name)
+    return f"{name} (column {column!r})" if column and column != name else name
+
+
 def predict(model: SessionModel, body: Any) -> dict[str, Any]:
   """The response body for one request body (already decoded from JSON)."""
   if not isinstance(body, dict) or ("instances" in body) == ("inputs" in body):
@@ -93,7 +123,8 @@ def predict(model: SessionModel, body: Any) -> dict[str, Any]:
   inputs = body["inputs"]
   if not isinstance(inputs, dict):
     raise PredictError("'inputs' must be an object of feature -> list of values (one per row)")
-  _check_names(model, inputs, where="'inputs'")
+  lengths = {len(v) for v in inputs.values() if isinstance(v, list)}
+  inputs = _as_inputs(model, inputs, where="'inputs'", rows=max(lengths) if lengths else 1)
   columns = {name: _to_array(model, name, values, where="'inputs'", batched=True) for name, values in inputs.items()}
   sizes = {len(v) for v in columns.values()}
   if len(sizes) != 1:
@@ -102,17 +133,51 @@ def predict(model: SessionModel, body: Any) -> dict[str, Any]:
   return {"outputs": {name: _jsonable(value) for name, value in model.run(columns).items()}}
 
 
-def _check_names(model: SessionModel, row: dict, *, where: str) -> None:
-  takes = ", ".join(sorted(model.inputs))
+def _takes(model: SessionModel) -> str:
+  return ", ".join(model.columns.describe(name) for name in sorted(model.inputs))
+
+
+def _as_inputs(model: SessionModel, given: dict, *, where: str, rows: int | None = None) -> dict:
+  """A row (or, with `rows`, the column form) as training read it: keyed by input name or by the data's own
+  column name, the label column dropped, a missing, null or empty value given the schema's default. Refuses what
+  training would: a missing value the schema gives no default, a name the model does not take."""
+  columns = model.columns
+  out: dict = {}
+  for key, value in given.items():
+    name = key if key in model.inputs else columns.input_of.get(key)
+    if name is None:
+      if key == columns.label:
+        continue  # a training row copied with its label
+      raise PredictError(f"{where}: {key!r} is not an input of the model (it takes: {_takes(model)})")
+    if name in out:
+      raise PredictError(f"{where}: feature {name!r} is given twice (as {name!r} and as its column "
+                         f"{columns.column_of[name]!r})")
+    out[name] = value
   for name in sorted(model.inputs):
-    if name not in row:
-      renamed = [key for key in row if key != name and safe_name(key) == name]
-      hint = (f"; {renamed[0]!r} is sent as {name!r}: inputs are named with each character outside "
-              "[A-Za-z0-9_.-] as _" if renamed else "")
-      raise PredictError(f"{where}: feature {name!r} is missing (the model takes: {takes}){hint}")
-  for name in row:
-    if name not in model.inputs:
-      raise PredictError(f"{where}: {name!r} is not an input of the model (it takes: {takes})")
+    value = out.get(name)
+    if rows is not None and value is not None:
+      if not isinstance(value, list):
+        continue  # judged by _to_array
+      value = [_filled(model, name, v, where=where) for v in value]
+    elif rows is not None:
+      value = [_filled(model, name, None, where=where)] * rows
+    else:
+      value = _filled(model, name, value, where=where)
+    out[name] = value
+  return out
+
+
+def _filled(model: SessionModel, name: str, value: Any, *, where: str) -> Any:
+  """`value`, or the feature's default where training would have used it (missing, null, an empty cell)."""
+  numeric = model.inputs[name][1].name != "string"
+  if value is None or (value == "" and numeric):
+    default = model.columns.defaults.get(name)
+    if default is None:
+      said = "is missing" if value is None else "is empty"
+      raise PredictError(f"{where}: feature {model.columns.describe(name)!r} {said}, and the schema it was "
+                         f"trained with gives it no default (the model takes: {_takes(model)})")
+    return default
+  return value
 
 
 def _columns_from_rows(model: SessionModel, instances: list) -> dict[str, np.ndarray]:
@@ -123,7 +188,7 @@ def _columns_from_rows(model: SessionModel, instances: list) -> dict[str, np.nda
       if single is None:
         raise PredictError(f"instance {i}: expected an object of feature -> value, got {json.dumps(row)[:80]}")
       row = {single: row}  # TF Serving takes bare values when the signature has one input
-    _check_names(model, row, where=f"instance {i}")
+    row = _as_inputs(model, row, where=f"instance {i}")
     for name, value in row.items():
       values[name].append(_to_array(model, name, value, where=f"instance {i}", batched=False))
   return {name: np.stack(column) for name, column in values.items()}
@@ -193,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
       body = json.loads(text)
     except json.JSONDecodeError as e:
       raise PredictError(f"--request: not valid JSON ({e.msg} at line {e.lineno})") from None
-    model = _load(args.model_dir, args.signature)
+    model = load(args.model_dir, args.signature)
     try:
       response = predict(model, body)
     finally:
@@ -213,7 +278,7 @@ def _read(path: str) -> str:
     raise PredictError(f"--request: cannot read {path} ({e.strerror})") from None
 
 
-def _load(model_dir: str, signature: str) -> SessionModel:
+def load(model_dir: str, signature: str = "serving_default") -> SessionModel:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   try:

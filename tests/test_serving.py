@@ -129,7 +129,7 @@ def _bad_requests():
   no_region = {k: v for k, v in LOYAL.items() if k != "region"}
   return [
       ("missing_feature", {"instances": [LOYAL, no_region]},
-       r"^instance 1: feature 'region' is missing \(the model takes: monthly_charges, plan, region, support_calls, "
+       r"^instance 1: feature 'region' is missing, and the schema it was trained with gives it no default \(the model takes: monthly_charges, plan, region, support_calls, "
        r"tenure_months\)$"),
       ("number_as_text", {"instances": [{**LOYAL, "tenure_months": "sixty"}]},
        r"^instance 0: feature 'tenure_months' must be a number \(float32\), got \"sixty\"$"),
