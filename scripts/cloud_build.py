@@ -1,6 +1,8 @@
-"""Building and pushing the trainer image (the Dockerfile) through Cloud Build (`submit.py --build_image`).
+"""Building and pushing the trainer image (the Dockerfile, `submit.py --build_image`) and the serving image
+(Dockerfile.serving, `--build_serving_image`) through Cloud Build.
 
-The build context is the Dockerfile and the trainer sdist in dist/, as a tarball staged in the job's bucket;
+The build context is the Dockerfile and the trainer sdist in dist/ (the serving image: also the server's scripts),
+as a tarball staged in the job's bucket;
 the build runs `docker build` with the pinned TF version and pushes the image, which Cloud Build lists in the
 build's results. Nothing is built here: no Docker daemon or registry is needed on this machine.
 """
@@ -17,6 +19,8 @@ from scripts import clients
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCKERFILE = os.path.join(REPO, "Dockerfile")
+SERVING_DOCKERFILE = os.path.join(REPO, "Dockerfile.serving")
+SERVING_FILES = ("scripts/__init__.py", "scripts/predict.py", "scripts/serve.py")  # what it COPYs besides the sdist
 DOCKER_BUILDER = "gcr.io/cloud-builders/docker"
 
 
@@ -29,28 +33,33 @@ def dockerfile_tf_version(path: str = DOCKERFILE) -> str:
   return match.group(1)
 
 
-def build_context(sdist: str, out_dir: str) -> str:
-  """A gzipped tarball of the Dockerfile and dist/<sdist>; returns its path (named by content)."""
+def build_context(sdist: str, out_dir: str, *, serving: bool = False) -> str:
+  """A gzipped tarball of the Dockerfile (as `Dockerfile`), dist/<sdist> and, for the serving image, the server's
+  scripts; returns its path (named by content)."""
   buffer = io.BytesIO()
   with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-    tar.add(DOCKERFILE, arcname="Dockerfile")
+    tar.add(SERVING_DOCKERFILE if serving else DOCKERFILE, arcname="Dockerfile")
     tar.add(sdist, arcname=f"dist/{os.path.basename(sdist)}")
+    for name in SERVING_FILES if serving else ():
+      tar.add(os.path.join(REPO, name), arcname=name)
   digest = hashlib.sha256(buffer.getvalue()).hexdigest()[:12]
-  path = os.path.join(out_dir, f"trainer-image-context-{digest}.tar.gz")
+  path = os.path.join(out_dir, f"{'serving' if serving else 'trainer'}-image-context-{digest}.tar.gz")
   with open(path, "wb") as f:
     f.write(buffer.getvalue())
   return path
 
 
-def build_request(*, project: str, region: str, image: str, context_uri: str) -> dict:
-  """The CreateBuildRequest body (REST JSON): docker build + push of `image` from the staged context."""
+def build_request(*, project: str, region: str, image: str, context_uri: str, tf_version: str | None = None) -> dict:
+  """The CreateBuildRequest body (REST JSON): docker build + push of `image` from the staged context, on TF
+  `tf_version` (default: the Dockerfile's pin)."""
   bucket, _, name = context_uri[len("gs://"):].partition("/")
   return {
       "parent": f"projects/{project}/locations/{region}",
       "build": {
           "source": {"storageSource": {"bucket": bucket, "object": name}},
           "steps": [{"name": DOCKER_BUILDER,
-                     "args": ["build", "--build-arg", f"TF_VERSION={dockerfile_tf_version()}", "-t", image, "."]}],
+                     "args": ["build", "--build-arg", f"TF_VERSION={tf_version or dockerfile_tf_version()}", "-t", image,
+                              "."]}],
           "images": [image],
           "timeout": "3600s",
           "tags": ["vertex-tf-trainer"],

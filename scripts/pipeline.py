@@ -207,12 +207,12 @@ def check_data(train_data: str, eval_data: str) -> int:
 
 
 @dsl.component(base_image="python:3.10")
-def model_artifact(base_output_dir: str, serving_image: str, model: dsl.Output[dsl.Artifact]):
+def model_artifact(base_output_dir: str, container_spec: dict, model: dsl.Output[dsl.Artifact]):
   """The exported SavedModel (<base_output_dir>/model/) as the unmanaged container model ModelUploadOp takes:
   its serving container and the predict schemata the export wrote beside it."""
   model_dir = base_output_dir.rstrip("/") + "/model/"
   model.uri = model_dir
-  model.metadata["containerSpec"] = {"imageUri": serving_image}
+  model.metadata["containerSpec"] = container_spec
   model.metadata["predictSchemata"] = {"instanceSchemaUri": model_dir + "instance_schema.yaml",
                                        "predictionSchemaUri": model_dir + "prediction_schema.yaml"}
 
@@ -283,10 +283,10 @@ def job_spec_json(config: vertex_config.JobConfig, *, bucket: str) -> str:
 
 
 def build_pipeline(config: vertex_config.JobConfig, *, bucket: str, params: dict[str, Any] | None = None,
-                   serving_image: str | None = None, tuning: vertex_config.JobConfig | None = None):
+                   serving: dict | None = None, tuning: vertex_config.JobConfig | None = None):
   """The pipeline function for one config: its pools, args, scheduling and output layout are baked in and run as
   written unless a run's `trainer_flags` / `base_output_dir` say otherwise (`params`, from --param, are their
-  defaults); with a `serving_image`, a model-upload step registers the model after training; with a `tuning`
+  defaults); with a `serving` containerSpec, a model-upload step registers the model after training; with a `tuning`
   config, its study runs first and training gets the best trial's parameters."""
   from google_cloud_pipeline_components.v1.custom_job import CustomTrainingJobOp  # pylint: disable=g-import-not-at-top
   from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import \
@@ -340,8 +340,8 @@ def build_pipeline(config: vertex_config.JobConfig, *, bucket: str, params: dict
                                   worker_pool_specs=spec.outputs["worker_pool_specs"],
                                   base_output_directory=output_dir, **optional).after(checked)
     metrics = read_metrics(base_output_dir=output_dir).after(trained)
-    if serving_image:
-      model = model_artifact(base_output_dir=output_dir, serving_image=serving_image).after(metrics)
+    if serving:
+      model = model_artifact(base_output_dir=output_dir, container_spec=serving).after(metrics)
       ModelUploadOp(project=project, location=location, display_name="vertex-tf-trainer-model",
                     unmanaged_container_model=model.outputs["model"],
                     labels={"vertex-tf-trainer-run": dsl.PIPELINE_JOB_ID_PLACEHOLDER})
@@ -350,10 +350,10 @@ def build_pipeline(config: vertex_config.JobConfig, *, bucket: str, params: dict
 
 
 def compile_pipeline(config: vertex_config.JobConfig, output: str, *, bucket: str, params: dict[str, Any] | None = None,
-                     serving_image: str | None = None, tuning: vertex_config.JobConfig | None = None) -> str:
+                     serving: dict | None = None, tuning: vertex_config.JobConfig | None = None) -> str:
   from kfp import compiler  # pylint: disable=g-import-not-at-top
 
-  compiler.Compiler().compile(build_pipeline(config, bucket=bucket, params=params, serving_image=serving_image,
+  compiler.Compiler().compile(build_pipeline(config, bucket=bucket, params=params, serving=serving,
                                              tuning=tuning), output)
   return output
 
@@ -571,8 +571,10 @@ def main(argv: list[str] | None = None) -> int:
                            "pyproject.toml or setup.py, or a built sdist/wheel; staged and listed in packageUris")
   parser.add_argument("--upload_model", action="store_true",
                       help="add a model-upload step after training: the SavedModel into Model Registry")
-  parser.add_argument("--serving_image", default=None,
-                      help="the model's serving container (default: the prebuilt TF prediction image for its TF)")
+  parser.add_argument("--serving_image", default=None,  # as scripts.submit takes it
+                      help="the model's serving container: default the project's serving image (Dockerfile.serving, "
+                      "built with scripts.submit --build_serving_image); 'prebuilt' for Vertex's prebuilt TF "
+                      "prediction image; or a URI")
   parser.add_argument("--tuning_config", default=None, metavar="PATH",
                       help="a hyperparameter-tuning config (cloud_configs/hp_tuning.yaml): its study runs first and "
                       "the training step gets the best trial's parameters")
@@ -642,11 +644,17 @@ def _main(args) -> int:
       submit_lib.add_package_uris(tuning.body["trialJobSpec"], [u for _, u in extras])  # and into every trial
     output = args.output if args.command == "compile" else os.path.join(scratch, "pipeline.yaml")
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    serving_image = None
+    serving = None
     if args.upload_model:
-      serving_image = args.serving_image or registry.serving_image(
-          submit_lib.training_tf_of(config.body["workerPoolSpecs"][0]), args.region)
-    compile_pipeline(config, output, bucket=args.bucket, params=params, serving_image=serving_image, tuning=tuning)
+      if not args.project and not args.serving_image:
+        raise PipelineError("--upload_model registers the model with the project's serving image, in the project's "
+                            "Artifact Registry: pass --project (or --serving_image=prebuilt|URI)")
+      serving, warnings = registry.serving_container(
+          args.serving_image, training_tf=submit_lib.training_tf_of(config.body["workerPoolSpecs"][0]),
+          project=args.project, region=args.region)
+      for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    compile_pipeline(config, output, bucket=args.bucket, params=params, serving=serving, tuning=tuning)
     if args.command == "compile":
       # The packages it names are kept beside it (the run needs them in the bucket); submit and schedule upload them.
       packages = args.output + ".packages"

@@ -1,14 +1,21 @@
 """Model Registry: the UploadModel request for a finished job's SavedModel (`submit.py --upload_model`).
 
-The model is served by Vertex's prebuilt TensorFlow prediction container (TF Serving) matching the TF that trained
-it: the newest prebuilt prediction image not newer than the training TF, from the list Vertex's own SDK carries
-(`google.cloud.aiplatform.constants.prediction`). The SavedModel's serving signature is plain TF ops (see
-trainer/export.py), which older TF Serving builds load. The predict schemata are the files the export wrote beside
-the model (trainer/predict_schemata.py); labels link the model to the job that made it.
+Which container serves it (`serving_container`):
+- by default, the project's serving image (Dockerfile.serving: scripts/serve.py on Vertex's custom-container
+  contract, TF at the training TF's version), built once per TF version with --build_serving_image. Vertex lists
+  no prebuilt TF prediction image newer than 2.15, and 2.15's end of availability is 2027-01-14;
+- `--serving_image=prebuilt`: Vertex's prebuilt TF prediction container (TF Serving), the newest one not newer than
+  the training TF, from the list Vertex's own SDK carries (`google.cloud.aiplatform.constants.prediction`); past
+  its end of availability it is a warning naming the replacement. The export's signature is plain TF ops
+  (trainer/export.py), which older TF Serving builds load;
+- any other `--serving_image=URI`: that image, as it is.
+The predict schemata are the files the export wrote beside the model (trainer/predict_schemata.py); labels link the
+model to the job that made it.
 """
 
 from __future__ import annotations
 
+import datetime
 import re
 
 from scripts import clients
@@ -20,6 +27,58 @@ _LABEL_VALUE = re.compile(r"[^a-z0-9_-]")
 
 class RegistryError(ValueError):
   """A one-line reason no model can be uploaded."""
+
+
+# Vertex's supported-frameworks page (read 2026-12): the prebuilt TF prediction images it still lists and their end
+# of availability. None is newer than 2.15; the SDK still names older ones the page no longer lists.
+PREDICTION_END_OF_AVAILABILITY = {15: datetime.date(2027, 1, 14)}
+PREBUILT = "prebuilt"
+# The TF release each training minor version serves on (tensorflow/tensorflow image tags): the pinned stacks.
+SERVING_TF = {"2.21": "2.21.0", "2.17": "2.17.1", "2.16": "2.16.2", "2.15": "2.15.1"}
+SERVING_PORT = 8080
+
+
+def default_serving_image(project: str, region: str, training_tf: str) -> str:
+  """Where --build_serving_image pushes Dockerfile.serving's image for models trained on `training_tf`."""
+  return f"{region}-docker.pkg.dev/{project}/vertex-tf-trainer/serving:tf{serving_tf_version(training_tf)}"
+
+
+def serving_tf_version(training_tf: str) -> str:
+  """The TF release the serving image runs for a model trained on `training_tf` ("2.17" -> "2.17.1")."""
+  minor = ".".join(training_tf.split(".")[:2])
+  if minor not in SERVING_TF:
+    raise RegistryError(f"no serving image TF for models trained on TF {training_tf} (known: "
+                        f"{', '.join(sorted(SERVING_TF))}); pass --serving_image=prebuilt or an image URI")
+  return SERVING_TF[minor]
+
+
+def serving_container(choice: str | None, *, training_tf: str, project: str, region: str,
+                      today: datetime.date | None = None) -> tuple[dict, list[str]]:
+  """The model's containerSpec for `--serving_image` (None: the project's serving image), and warnings."""
+  if choice == PREBUILT:
+    image = serving_image(training_tf, region)
+    version = int(_PREDICTION_IMAGE.match(image).group(3))
+    ends = PREDICTION_END_OF_AVAILABILITY.get(version)
+    today = today or datetime.date.today()
+    replacement = (f"the serving image matching TF {training_tf} (Dockerfile.serving: omit --serving_image, "
+                   "build it with --build_serving_image)")
+    warnings = []
+    if ends is None or ends < today:
+      warnings.append(f"{image.rsplit('/', 1)[-1]} is past its end of availability on Vertex "
+                      f"({'no longer listed' if ends is None else ends.isoformat()}); use {replacement}")
+    elif (ends - today).days <= 90:
+      warnings.append(f"{image.rsplit('/', 1)[-1]} reaches its end of availability on {ends.isoformat()}; "
+                      f"move to {replacement}")
+    return {"imageUri": image}, warnings
+  if choice:
+    return {"imageUri": choice}, []
+  return serving_spec(default_serving_image(project, region, training_tf)), []
+
+
+def serving_spec(image: str) -> dict:
+  """The containerSpec of the project's serving image: it listens on AIP_HTTP_PORT (Vertex sets it to the port
+  below) and reads its routes and model from Vertex's AIP_* variables."""
+  return {"imageUri": image, "ports": [{"containerPort": SERVING_PORT}]}
 
 
 def prediction_images() -> list[str]:
@@ -49,7 +108,7 @@ def label_value(text: str) -> str:
   return _LABEL_VALUE.sub("-", text.lower())[:63]
 
 
-def upload_request(*, parent: str, display_name: str, model_dir: str, image: str, job_name: str,
+def upload_request(*, parent: str, display_name: str, model_dir: str, container: dict, job_name: str,
                    run_id: str, training_tf: str, config_path: str) -> dict:
   """The UploadModelRequest body (REST JSON)."""
   if not model_dir.startswith("gs://"):
@@ -64,7 +123,7 @@ def upload_request(*, parent: str, display_name: str, model_dir: str, image: str
           "displayName": display_name,
           "description": f"Trained by vertex-tf-trainer ({config_path}, TF {training_tf}) in {job_name}",
           "artifactUri": model_dir,
-          "containerSpec": {"imageUri": image},
+          "containerSpec": container,
           "predictSchemata": {"instanceSchemaUri": model_dir + predict_schemata.INSTANCE_FILE,
                               "predictionSchemaUri": model_dir + predict_schemata.PREDICTION_FILE},
           "labels": {"vertex-tf-trainer-job": label_value(job_name.rsplit("/", 1)[-1]),

@@ -13,7 +13,10 @@ Values not given as flags come from the environment (PROJECT, REGION, BUCKET, TR
 containerSpec configs run the trainer image: --trainer_image names it (default
 REGION-docker.pkg.dev/PROJECT/vertex-tf-trainer/trainer:VERSION); --build_image first builds and pushes it from
 the Dockerfile through Cloud Build (scripts/cloud_build.py) and the job then runs that exact build, by digest.
---upload_model registers the SavedModel in Model Registry once the job has succeeded (scripts/registry.py).
+--upload_model registers the SavedModel in Model Registry once the job has succeeded (scripts/registry.py), served
+by the project's serving image (Dockerfile.serving, TF matching the training TF; --build_serving_image builds and
+pushes it through Cloud Build first, and the model then names that exact build), or --serving_image=prebuilt for
+Vertex's prebuilt TF prediction image (a warning when it is past, or near, its end of availability).
 """
 
 from __future__ import annotations
@@ -251,7 +254,10 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--upload_model", action="store_true",
                       help="after the job succeeds, register its SavedModel in Vertex AI Model Registry")
   parser.add_argument("--serving_image", default=None,
-                      help="the model's serving container (default: the prebuilt TF prediction image for its TF)")
+                      help="the model's serving container: default the project's serving image (Dockerfile.serving, "
+                      "TF matching the training TF); 'prebuilt' for Vertex's prebuilt TF prediction image; or a URI")
+  parser.add_argument("--build_serving_image", action="store_true",
+                      help="build and push the project's serving image through Cloud Build before the job")
   parser.add_argument("--model_display_name", default=None, help="Model Registry name (default: the job's)")
   parser.add_argument("--extra_package", action="append", default=[], metavar="PATH",
                       help="your own package for every replica (repeatable): a directory with pyproject.toml or "
@@ -302,18 +308,33 @@ def _submit(args) -> int:
       base = pending.job_spec.get("baseOutputDirectory", {}).get("outputUriPrefix", "")
       training_tf = training_tf_of(pools[0])
 
+      if args.build_serving_image and args.serving_image:
+        raise SubmitError(f"--build_serving_image builds the project's serving image; --serving_image="
+                          f"{args.serving_image} names another: drop one")
+      container, serving_warnings = registry.serving_container(args.serving_image, training_tf=training_tf,
+                                                               project=args.project, region=args.region)
+
       def upload_request_for(job_name: str) -> dict:
         return registry.upload_request(
             parent=parent, display_name=args.model_display_name or display_name,
-            model_dir=f"{base.rstrip('/')}/model/" if base else "",
-            image=args.serving_image or registry.serving_image(training_tf, args.region), job_name=job_name,
+            model_dir=f"{base.rstrip('/')}/model/" if base else "", container=container, job_name=job_name,
             run_id=run_id, training_tf=training_tf, config_path=args.config)
 
       upload_request = upload_request_for("(the job, once submitted)")
+    elif args.build_serving_image or args.serving_image:
+      raise SubmitError(f"{'--build_serving_image' if args.build_serving_image else '--serving_image'} is for the "
+                        "model --upload_model registers; add --upload_model")
     archive = build_sdist(scratch)
     uri = package_uri(args.bucket, archive)
     extras = stage_extra_packages(args.extra_package, args.bucket, scratch)
     build_request = context = context_uri = None
+    serving_build = serving_context = serving_context_uri = None
+    if args.build_serving_image:
+      serving_context = cloud_build.build_context(archive, scratch, serving=True)
+      serving_context_uri = f"gs://{args.bucket}/staging/{os.path.basename(serving_context)}"
+      serving_build = cloud_build.build_request(project=args.project, region=args.region,
+                                                image=container["imageUri"], context_uri=serving_context_uri,
+                                                tf_version=registry.serving_tf_version(training_tf))
     if args.build_image:
       context = cloud_build.build_context(archive, scratch)
       context_uri = f"gs://{args.bucket}/staging/{os.path.basename(context)}"
@@ -338,8 +359,12 @@ def _submit(args) -> int:
                  "extra_packages": [{"local": a, "uri": u} for a, u in extras], "request": request}
       if build_request:
         printed["build"] = {"context": context_uri, "request": build_request}
+      if serving_build:
+        printed["build_serving_image"] = {"context": serving_context_uri, "request": serving_build}
       if upload_request:
         printed["upload_model"] = upload_request
+      for warning in serving_warnings if upload_request else ():
+        print(f"warning: {warning}", file=sys.stderr)
       print(json.dumps(printed, indent=2))
       first = (f"build and push the trainer image ({'the build above' if build_request else 'Dockerfile'})"
                if containers else f"upload the sdist to {uri}")
@@ -347,9 +372,20 @@ def _submit(args) -> int:
       print(gcloud_command(config.kind, project=args.project, region=args.region, display_name=display_name,
                            config_file=rendered))
       return 0
-    for local, remote in [(archive, uri), *extras, *([(context, context_uri)] if context else [])]:
+    for warning in serving_warnings if upload_request else ():
+      print(f"warning: {warning}", file=sys.stderr)
+    contexts = [(c, u) for c, u in ((context, context_uri), (serving_context, serving_context_uri)) if c]
+    for local, remote in [(archive, uri), *extras, *contexts]:
       upload(local, remote)
       print(f"staged {os.path.basename(local)} -> {remote}", flush=True)
+    if serving_build:
+      print(f"building {serving_build['build']['images'][0]} with Cloud Build ...", flush=True)
+      try:
+        built_serving = cloud_build.run_build(cloud_build.build_client(args.api_endpoint), serving_build)
+      except RuntimeError as e:
+        raise SubmitError(f"--build_serving_image: {e}") from None
+      print(f"built {built_serving}", flush=True)
+      container.update(registry.serving_spec(built_serving))  # the model names exactly this build, by digest
     if build_request:
       print(f"building {build_request['build']['images'][0]} with Cloud Build ...", flush=True)
       try:

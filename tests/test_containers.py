@@ -139,6 +139,67 @@ def test_the_dockerfiles_install_step_in_a_clean_venv(tmp_path):
   assert check.returncode == 0, check.stdout
 
 
+def test_the_serving_image_lints_clean_and_runs_on_vertexs_contract(gcs, churn_data, tmp_path):
+  """Dockerfile.serving's files laid out as its COPY and RUN lay them out (the trainer from the sdist, the
+  server's scripts in /srv), its ENTRYPOINT started with the variables Vertex gives a serving container: the
+  port, Vertex's routes, the model in Cloud Storage (the emulator). Its TF is the pin CI tests."""
+  hadolint = os.path.join(os.path.dirname(sys.executable), "hadolint")
+  result = subprocess.run([hadolint, cloud_build.SERVING_DOCKERFILE], capture_output=True, text=True, check=False)
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert cloud_build.dockerfile_tf_version(cloud_build.SERVING_DOCKERFILE) == cloud_build.dockerfile_tf_version()
+  from dockerfile_parse import DockerfileParser  # pylint: disable=g-import-not-at-top
+  with open(cloud_build.SERVING_DOCKERFILE, "rb") as f:
+    instructions = DockerfileParser(fileobj=f).structure
+  copies = [i["value"].split() for i in instructions if i["instruction"] == "COPY"]
+  (workdir,) = [i["value"] for i in instructions if i["instruction"] == "WORKDIR"]
+  (entrypoint,) = [json.loads(i["value"]) for i in instructions if i["instruction"] == "ENTRYPOINT"]
+  assert copies[0] == ["dist/*.tar.gz", "/tmp/trainer/"] and copies[1][:-1] == list(cloud_build.SERVING_FILES)
+  image = tmp_path / "image"
+  served_from = image / workdir.strip("/")
+  (served_from / "scripts").mkdir(parents=True)
+  for name in copies[1][:-1]:
+    os.link(os.path.join(procs.REPO, name), served_from / "scripts" / os.path.basename(name))
+  site = image / "site-packages"  # where the RUN's pip puts the trainer
+  sdist = submit.build_sdist(str(tmp_path / "dist"))
+  subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), sdist], check=True)
+  out = tmp_path / "train"
+  trained = procs.run_trainer([f"--train_data={churn_data}/train/*.tfrecord", f"--output_dir={out}",
+                               "--train_steps=40", "--eval_steps=0"])
+  assert trained.returncode == 0, trained.stderr[-2000:]
+  from scripts import stage_data  # pylint: disable=g-import-not-at-top
+  stage_data.upload_tree(str(out / "model"), "gs://test-bucket/serving-image/model")
+  port = procs.free_ports(1)[0]
+  env = {**procs.trainer_env(), "PYTHONPATH": f"{served_from}:{site}", "AIP_HTTP_PORT": str(port),
+         "AIP_STORAGE_URI": "gs://test-bucket/serving-image/model", "AIP_DEPLOYED_MODEL_ID": "789",
+         "AIP_HEALTH_ROUTE": "/v1/endpoints/1/deployedModels/789",
+         "AIP_PREDICT_ROUTE": "/v1/endpoints/1/deployedModels/789:predict",
+         "STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"]}
+  command = [sys.executable if entrypoint[0] == "python3" else entrypoint[0], *entrypoint[1:],
+             "--host=127.0.0.1"]  # the image listens on every interface; a test only on the loopback
+  server = subprocess.Popen(command, cwd=str(served_from), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+  try:
+    started = json.loads(server.stdout.readline() or "{}")
+    assert started.get("listening") == f"http://127.0.0.1:{port}", server.stderr.read()[-3000:]
+    import http.client  # pylint: disable=g-import-not-at-top
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    connection.request("GET", env["AIP_HEALTH_ROUTE"])
+    health = connection.getresponse()
+    assert health.status == 200 and json.loads(health.read()) == {}
+    row = {"tenure_months": 3, "monthly_charges": 95.5, "support_calls": 4, "plan": "basic", "region": "south"}
+    connection.request("POST", env["AIP_PREDICT_ROUTE"], body=json.dumps({"instances": [row]}))
+    response = connection.getresponse()
+    answer = json.loads(response.read())
+    assert response.status == 200 and answer["deployedModelId"] == "789", answer
+    assert set(answer["predictions"][0]) == {"probabilities", "class_id"}
+    connection.close()
+  finally:
+    server.terminate()
+    server.wait(timeout=30)
+    server.stdout.close()
+    server.stderr.close()
+
+
 # ----- submission: Cloud Build, the job, Model Registry --------------------------------------------------------
 
 
@@ -184,9 +245,9 @@ def test_build_submit_and_register_are_captured_and_parse_into_the_api_types(gcs
                         request._pb)  # pylint: disable=protected-access
   model = request.model
   assert model.artifact_uri == "gs://test-bucket/runs/c1/model/"
-  # The newest prebuilt TF prediction image Vertex's SDK lists, not newer than the TF that trained the model.
-  assert re.fullmatch(r"europe-docker\.pkg\.dev/vertex-ai/prediction/tf2-cpu\.2-\d+:latest", model.container_spec.image_uri)
-  assert model.container_spec.image_uri in registry.prediction_images()
+  # The project's serving image for the training TF (2.21, the trainer image's), on Vertex's container contract.
+  assert model.container_spec.image_uri == "europe-west4-docker.pkg.dev/proj/vertex-tf-trainer/serving:tf2.21.0"
+  assert [p.container_port for p in model.container_spec.ports] == [8080]
   assert model.predict_schemata.instance_schema_uri == "gs://test-bucket/runs/c1/model/instance_schema.yaml"
   assert model.predict_schemata.prediction_schema_uri == "gs://test-bucket/runs/c1/model/prediction_schema.yaml"
   job_id = job_body.get("name", "") or fake.requests[-2]["path"]
@@ -208,8 +269,56 @@ def test_a_prebuilt_image_job_registers_with_the_matching_serving_image(capsys):
   request = aiplatform_v1.UploadModelRequest()
   json_format.ParseDict(upload, request._pb)  # pylint: disable=protected-access
   assert request.model.labels["training-tf"] == "2-17"
-  assert request.model.container_spec.image_uri == registry.serving_image("2.17", "us-central1")
-  assert request.model.container_spec.image_uri.startswith("us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-")
+  # A model trained on the prebuilt TF 2.17 image is served on TF 2.17.1 (Vertex has no prebuilt 2.17 prediction).
+  assert request.model.container_spec.image_uri == "us-central1-docker.pkg.dev/proj/vertex-tf-trainer/serving:tf2.17.1"
+
+
+def test_the_prebuilt_prediction_image_is_a_choice_with_its_end_of_availability():
+  spec, warnings = registry.serving_container("prebuilt", training_tf="2.17", project="p", region="us-central1",
+                                              today=datetime.date(2026, 12, 5))
+  assert spec == {"imageUri": "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest"}
+  assert warnings == ["tf2-cpu.2-15:latest reaches its end of availability on 2027-01-14; move to the serving image "
+                      "matching TF 2.17 (Dockerfile.serving: omit --serving_image, build it with --build_serving_image)"]
+  _, warnings = registry.serving_container("prebuilt", training_tf="2.21", project="p", region="europe-west4",
+                                           today=datetime.date(2027, 2, 1))
+  assert warnings[0].startswith("tf2-cpu.2-15:latest is past its end of availability on Vertex (2027-01-14); use ")
+  _, warnings = registry.serving_container("prebuilt", training_tf="2.21", project="p", region="us-central1",
+                                           today=datetime.date(2026, 6, 1))
+  assert warnings == []
+  assert registry.serving_container("gcr.io/p/mine:1", training_tf="2.21", project="p", region="r") == (
+      {"imageUri": "gcr.io/p/mine:1"}, [])
+
+
+def test_the_serving_image_is_built_before_the_job_and_registered_by_digest(gcs, capsys):
+  """--build_serving_image: Dockerfile.serving, the sdist and the server's scripts go to Cloud Build (TF of the
+  training image); the model then names exactly that build."""
+  with fake_vertex.running() as fake:
+    code = submit.main(["--config=cloud_configs/single_cpu.yaml", "--project=proj", "--bucket=test-bucket",
+                        "--run_id=s1", "--upload_model", "--build_serving_image", "--args=--train_steps=50",
+                        f"--api_endpoint={fake.endpoint}", "--poll_secs=0.05"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    (build_body,) = fake.created("builds")
+    (upload_body,) = fake.created("models:upload")
+    order = [r["collection"] for r in fake.requests if r["method"] == "POST"]
+  assert order == ["builds", "customJobs", "models:upload"]
+  build = cloudbuild_v1.Build()
+  json_format.ParseDict(build_body, build._pb)  # pylint: disable=protected-access
+  image = "us-central1-docker.pkg.dev/proj/vertex-tf-trainer/serving:tf2.17.1"
+  assert list(build.steps[0].args) == ["build", "--build-arg", "TF_VERSION=2.17.1", "-t", image, "."]
+  bucket, _ = _bucket("")
+  context = bucket.blob(build.source.storage_source.object).download_as_bytes()
+  with tarfile.open(fileobj=io.BytesIO(context)) as tar:
+    names = sorted(tar.getnames())
+    dockerfile = tar.extractfile("Dockerfile").read().decode()
+  assert dockerfile == open(cloud_build.SERVING_DOCKERFILE).read()
+  assert set(cloud_build.SERVING_FILES) <= set(names)
+  assert any(re.fullmatch(r"dist/vertex-tf-trainer-[\d.]+\.tar\.gz", name) for name in names)
+  request = aiplatform_v1.UploadModelRequest()
+  json_format.ParseDict({"parent": "projects/proj/locations/us-central1", **upload_body},
+                        request._pb)  # pylint: disable=protected-access
+  assert request.model.container_spec.image_uri == image.split(":")[0] + "@sha256:" + "ab" * 32
+  assert [p.container_port for p in request.model.container_spec.ports] == [8080]
 
 
 @pytest.mark.parametrize("args,message", [

@@ -68,8 +68,16 @@ def test_a_model_upload_step_registers_the_trained_model(tmp_path, capsys):
   upload = tasks["model-upload"]
   assert upload["inputs"]["artifacts"]["unmanaged_container_model"]["taskOutputArtifact"]["producerTask"] == \
       "model-artifact"
-  image = tasks["model-artifact"]["inputs"]["parameters"]["serving_image"]["runtimeValue"]["constant"]
-  assert image in registry.prediction_images() and "/tf2-cpu.2-" in image
+  container = tasks["model-artifact"]["inputs"]["parameters"]["container_spec"]["runtimeValue"]["constant"]
+  # The project's serving image at the training TF (the trainer image's, here), on Vertex's container contract.
+  assert container == {"imageUri": "us-central1-docker.pkg.dev/p/vertex-tf-trainer/serving:tf2.21.0",
+                       "ports": [{"containerPort": 8080}]}
+  assert pipeline.main(["compile", "--config=cloud_configs/container_single_gpu.yaml", "--bucket=bkt",
+                        "--project=p", "--upload_model", "--serving_image=prebuilt", f"--output={output}"]) == 0
+  tasks = yaml.safe_load(output.read_text())["root"]["dag"]["tasks"]
+  image = tasks["model-artifact"]["inputs"]["parameters"]["container_spec"]["runtimeValue"]["constant"]["imageUri"]
+  assert image in registry.prediction_images() and "/tf2-cpu.2-15" in image
+  assert "tf2-cpu.2-15:latest reaches its end of availability on 2027-01-14" in capsys.readouterr().err
   executor = compiled["deploymentSpec"]["executors"]["exec-model-upload"]["container"]
   assert "google_cloud_pipeline_components" in " ".join(executor["command"] + executor.get("args", []))
   # A container config's pools take the run's parameters like package pools.
