@@ -177,6 +177,11 @@ def _filled(model: SessionModel, name: str, value: Any, *, where: str) -> Any:
       raise PredictError(f"{where}: feature {model.columns.describe(name)!r} {said}, and the schema it was "
                          f"trained with gives it no default (the model takes: {_takes(model)})")
     return default
+  if numeric and isinstance(value, str):
+    try:
+      return float(value)  # a number as text, as a CSV cell holds it (and training read it)
+    except ValueError:
+      return value  # refused with the feature's name
   return value
 
 

@@ -148,3 +148,60 @@ def upload(client, request: dict, *, timeout_secs: float = 1800):
   json_format.ParseDict(request, parsed._pb)  # pylint: disable=protected-access
   operation = client.upload_model(request=parsed)
   return operation.result(timeout=timeout_secs).model
+
+
+def traffic_split(current: dict[str, int], percent: int) -> dict[str, int]:
+  """The endpoint's traffic split once a new model ("0", as DeployModel names it) takes `percent`: the models
+  already deployed keep their shares of the rest, in whole percents summing to 100."""
+  if not 1 <= percent <= 100:
+    raise RegistryError(f"--traffic_percent={percent}: expected 1..100")
+  others = {k: v for k, v in current.items() if v > 0}
+  rest = 100 - percent
+  if not others:
+    if percent != 100:
+      raise RegistryError(f"--traffic_percent={percent}: the endpoint has no other model to take the rest; its "
+                          "only model takes 100")
+    return {"0": 100}
+  if rest == 0:
+    return {"0": 100}
+  total = sum(others.values())
+  split = {k: rest * v // total for k, v in others.items()}
+  for k in sorted(others, key=lambda k: -others[k])[:rest - sum(split.values())]:  # the rounding's remainder
+    split[k] += 1
+  return {"0": percent, **split}
+
+
+def deploy_request(*, endpoint: str, model: str, display_name: str, machine_type: str, min_replicas: int,
+                   max_replicas: int, split: dict[str, int]) -> dict:
+  """The DeployModelRequest body (REST JSON): the registered model on dedicated machines, with its traffic."""
+  if not 1 <= min_replicas <= max_replicas:
+    raise RegistryError(f"--min_replicas={min_replicas} --max_replicas={max_replicas}: expected 1 <= min <= max")
+  return {"endpoint": endpoint,
+          "deployedModel": {"model": model, "displayName": display_name,
+                            "dedicatedResources": {"machineSpec": {"machineType": machine_type},
+                                                   "minReplicaCount": min_replicas,
+                                                   "maxReplicaCount": max_replicas}},
+          "trafficSplit": split}
+
+
+def endpoint_client(region: str, api_endpoint: str | None):
+  from google.cloud import aiplatform_v1  # pylint: disable=g-import-not-at-top
+
+  return aiplatform_v1.EndpointServiceClient(**clients.vertex_kwargs(region, api_endpoint))
+
+
+def deploy(client, *, parent: str, endpoint: str | None, display_name: str, request_for, timeout_secs: float = 3600):
+  """Creates the endpoint unless `endpoint` names one, then deploys (`request_for(endpoint, current split)` makes
+  the DeployModelRequest); returns (endpoint name, deployed model id)."""
+  from google.cloud import aiplatform_v1  # pylint: disable=g-import-not-at-top
+  from google.protobuf import json_format  # pylint: disable=g-import-not-at-top
+
+  if endpoint:
+    current = dict(client.get_endpoint(name=endpoint).traffic_split)
+  else:
+    created = client.create_endpoint(parent=parent, endpoint=aiplatform_v1.Endpoint(display_name=display_name))
+    endpoint, current = created.result(timeout=timeout_secs).name, {}
+  parsed = aiplatform_v1.DeployModelRequest()
+  json_format.ParseDict(request_for(endpoint, current), parsed._pb)  # pylint: disable=protected-access
+  deployed = client.deploy_model(request=parsed).result(timeout=timeout_secs).deployed_model
+  return endpoint, deployed.id

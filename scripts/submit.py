@@ -27,6 +27,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -256,6 +257,14 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--serving_image", default=None,
                       help="the model's serving container: default the project's serving image (Dockerfile.serving, "
                       "TF matching the training TF); 'prebuilt' for Vertex's prebuilt TF prediction image; or a URI")
+  parser.add_argument("--deploy", action="store_true",
+                      help="after --upload_model, deploy the model to an endpoint (a new one, or --endpoint)")
+  parser.add_argument("--endpoint", default=None, help="--deploy into this endpoint (projects/P/locations/L/endpoints/N)")
+  parser.add_argument("--deploy_machine_type", default="n1-standard-4")
+  parser.add_argument("--min_replicas", type=int, default=1)
+  parser.add_argument("--max_replicas", type=int, default=1)
+  parser.add_argument("--traffic_percent", type=int, default=100,
+                      help="the new model's share of the endpoint's traffic; the others keep theirs of the rest")
   parser.add_argument("--build_serving_image", action="store_true",
                       help="build and push the project's serving image through Cloud Build before the job")
   parser.add_argument("--model_display_name", default=None, help="Model Registry name (default: the job's)")
@@ -321,9 +330,11 @@ def _submit(args) -> int:
             run_id=run_id, training_tf=training_tf, config_path=args.config)
 
       upload_request = upload_request_for("(the job, once submitted)")
-    elif args.build_serving_image or args.serving_image:
-      raise SubmitError(f"{'--build_serving_image' if args.build_serving_image else '--serving_image'} is for the "
-                        "model --upload_model registers; add --upload_model")
+      deploy_request_for = _deploy_requests(args, display_name) if args.deploy else None
+    elif args.build_serving_image or args.serving_image or args.deploy:
+      flag = ("--build_serving_image" if args.build_serving_image else "--serving_image" if args.serving_image
+              else "--deploy")
+      raise SubmitError(f"{flag} is for the model --upload_model registers; add --upload_model")
     archive = build_sdist(scratch)
     uri = package_uri(args.bucket, archive)
     extras = stage_extra_packages(args.extra_package, args.bucket, scratch)
@@ -363,6 +374,8 @@ def _submit(args) -> int:
         printed["build_serving_image"] = {"context": serving_context_uri, "request": serving_build}
       if upload_request:
         printed["upload_model"] = upload_request
+      if upload_request and deploy_request_for:
+        printed["deploy_model"] = deploy_request_for(args.endpoint or "(a new endpoint)", {})
       for warning in serving_warnings if upload_request else ():
         print(f"warning: {warning}", file=sys.stderr)
       print(json.dumps(printed, indent=2))
@@ -409,7 +422,30 @@ def _submit(args) -> int:
       upload_request = upload_request_for(job.name)
       model = registry.upload(registry.model_client(args.region, args.api_endpoint), upload_request)
       print(f"registered {model} (serving image {upload_request['model']['containerSpec']['imageUri']})", flush=True)
+      if deploy_request_for:
+        endpoint, deployed_id = registry.deploy(
+            registry.endpoint_client(args.region, args.api_endpoint), parent=parent, endpoint=args.endpoint,
+            display_name=args.model_display_name or display_name,
+            request_for=lambda endpoint, current: deploy_request_for(endpoint, current, model))
+        print(f"deployed {model} to {endpoint} (deployed model {deployed_id}, {args.traffic_percent}% of its "
+              "traffic)", flush=True)
     return 0
+
+
+def _deploy_requests(args, display_name: str):
+  """DeployModelRequest bodies for --deploy (checked now: the endpoint's name, replicas, traffic on a new one)."""
+  if args.endpoint and not re.fullmatch(r"projects/[^/]+/locations/[^/]+/endpoints/[^/]+", args.endpoint):
+    raise SubmitError(f"--endpoint={args.endpoint!r}: expected projects/P/locations/L/endpoints/N")
+
+  def request_for(endpoint: str, current: dict, model: str = "(the registered model)") -> dict:
+    return registry.deploy_request(
+        endpoint=endpoint, model=model, display_name=args.model_display_name or display_name,
+        machine_type=args.deploy_machine_type, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+        split=registry.traffic_split(current, args.traffic_percent))
+
+  # An existing endpoint's split is read when deploying; a new endpoint's only model must take all its traffic.
+  request_for(args.endpoint or "(a new endpoint)", {"(deployed)": 100} if args.endpoint else {})
+  return request_for
 
 
 def training_tf_of(pool: dict) -> str:

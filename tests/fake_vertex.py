@@ -1,8 +1,10 @@
 """A local stand-in for Vertex AI's REST control plane (the one thing that cannot run here).
 
 It records every request and answers like the real API enough for the clients to proceed: creates return the
-resource with a name, gets walk a job through RUNNING to SUCCEEDED; Model Registry's `models:upload` and Cloud
-Build's `builds` (same endpoint here) answer with a finished long-running operation. Nothing else is emulated.
+resource with a name, gets walk a job through RUNNING to SUCCEEDED; Model Registry's `models:upload`, Cloud
+Build's `builds` (same endpoint here), `endpoints` and `endpoints/N:deployModel` answer with a finished
+long-running operation (a deployment is recorded on the endpoint with its traffic split). Nothing else is
+emulated.
 """
 
 from __future__ import annotations
@@ -50,6 +52,21 @@ class FakeVertex:
         length = int(self.headers.get("Content-Length", 0))
         body = json.loads(self.rfile.read(length) or b"{}")
         path = self.path.split("?")[0]
+        method = re.match(r"^/v1/(projects/[^/]+/locations/[^/]+/(\w+)/\d+):(\w+)$", path)
+        if method:  # a method on a resource: endpoints/N:deployModel
+          name, collection = method.group(1), f"{method.group(2)}:{method.group(3)}"
+          fake.requests.append({"method": "POST", "path": self.path, "collection": collection, "body": body})
+          operation = f"{name}/operations/{next(fake._ids)}"
+          if collection == "endpoints:deployModel" and name in fake.resources:
+            deployed = {**body["deployedModel"], "id": str(next(fake._ids))}
+            endpoint = fake.resources[name]
+            endpoint.setdefault("deployedModels", []).append(deployed)
+            endpoint["trafficSplit"] = {(deployed["id"] if k == "0" else k): v
+                                        for k, v in body.get("trafficSplit", {}).items()}
+            return self._reply(200, {"name": operation, "done": True, "response": {
+                "@type": "type.googleapis.com/google.cloud.aiplatform.v1.DeployModelResponse",
+                "deployedModel": deployed}})
+          return self._reply(404, {"error": {"code": 404, "message": f"no route {path}"}})
         match = re.match(r"^/v1(?:beta1)?/(projects/[^/]+/locations/[^/]+)/(\w+)(?::(\w+))?$", path)
         if not match:
           return self._reply(404, {"error": {"code": 404, "message": f"no route {path}"}})
@@ -66,6 +83,10 @@ class FakeVertex:
               "@type": "type.googleapis.com/google.devtools.cloudbuild.v1.Build", **body, "id": name.rsplit("/", 1)[1],
               "status": "SUCCESS", "results": {"images": [{"name": image, "digest": "sha256:" + "ab" * 32}]}}})
         resource = {**body, "name": name}
+        if collection == "endpoints":  # created by a long-running operation, finished at once here
+          fake.resources[name] = resource
+          return self._reply(200, {"name": operation, "done": True, "response": {
+              "@type": "type.googleapis.com/google.cloud.aiplatform.v1.Endpoint", **resource}})
         if collection in ("customJobs", "hyperparameterTuningJobs", "pipelineJobs"):
           resource["state"] = "PIPELINE_STATE_PENDING" if collection == "pipelineJobs" else "JOB_STATE_PENDING"
         if collection == "schedules":

@@ -342,3 +342,53 @@ def test_bad_container_submissions_send_nothing(gcs, capsys, tmp_path, args, mes
   captured = capsys.readouterr()
   assert code == 2
   assert re.search(message, captured.err, re.M) and len(captured.err.strip().splitlines()) == 1, captured.err
+
+
+def test_a_registered_model_is_deployed_to_an_endpoint(gcs, capsys):
+  """--deploy: a new endpoint, the model on dedicated machines with all its traffic; into an existing endpoint,
+  the new model takes --traffic_percent and the models there keep their shares of the rest."""
+  common = ["--config=cloud_configs/single_cpu.yaml", "--project=proj", "--bucket=test-bucket", "--upload_model",
+            "--deploy",
+            "--deploy_machine_type=n1-standard-8", "--min_replicas=1", "--max_replicas=3", "--poll_secs=0.05"]
+  with fake_vertex.running() as fake:
+    assert submit.main([*common, "--run_id=dep1", f"--api_endpoint={fake.endpoint}"]) == 0, capsys.readouterr()
+    out = capsys.readouterr().out
+    (endpoint_body,) = fake.created("endpoints")
+    (deploy_body,) = fake.created("endpoints:deployModel")
+    order = [r["collection"] for r in fake.requests if r["method"] == "POST"]
+    assert order == ["customJobs", "models:upload", "endpoints", "endpoints:deployModel"]
+    endpoint = re.search(r"^deployed (\S+) to (\S+) ", out, re.M).group(2)
+    # A second model into the same endpoint, with 25% of its traffic.
+    assert submit.main([*common, "--run_id=dep2", f"--endpoint={endpoint}", "--traffic_percent=25",
+                        f"--api_endpoint={fake.endpoint}"]) == 0, capsys.readouterr()
+    second = fake.created("endpoints:deployModel")[-1]
+    first_id = fake.resources[endpoint]["deployedModels"][0]["id"]
+  assert endpoint_body["displayName"] == "single_cpu-dep1"
+  request = aiplatform_v1.DeployModelRequest()
+  json_format.ParseDict({"endpoint": endpoint, **deploy_body}, request._pb)  # pylint: disable=protected-access
+  deployed = request.deployed_model
+  assert re.fullmatch(r"projects/proj/locations/us-central1/models/\d+", deployed.model)
+  assert deployed.dedicated_resources.machine_spec.machine_type == "n1-standard-8"
+  assert (deployed.dedicated_resources.min_replica_count, deployed.dedicated_resources.max_replica_count) == (1, 3)
+  assert dict(request.traffic_split) == {"0": 100}
+  assert second["trafficSplit"] == {"0": 25, first_id: 75}
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--deploy"], r"^error: --deploy is for the model --upload_model registers; add --upload_model$"),
+    (["--upload_model", "--deploy", "--traffic_percent=30"],
+     r"^error: --traffic_percent=30: the endpoint has no other model to take the rest; its only model takes 100$"),
+    (["--upload_model", "--deploy", "--min_replicas=3", "--max_replicas=2"],
+     r"^error: --min_replicas=3 --max_replicas=2: expected 1 <= min <= max$"),
+    (["--upload_model", "--deploy", "--endpoint=my-endpoint"],
+     r"^error: --endpoint='my-endpoint': expected projects/P/locations/L/endpoints/N$"),
+    (["--upload_model", "--build_serving_image", "--serving_image=prebuilt"],
+     r"^error: --build_serving_image builds the project's serving image; --serving_image=prebuilt names another"),
+])
+def test_bad_deployments_send_nothing(capsys, args, message):
+  with fake_vertex.running() as fake:
+    code = submit.main(["--config=cloud_configs/single_cpu.yaml", "--project=proj", "--bucket=bkt", *args,
+                        f"--api_endpoint={fake.endpoint}"])
+    assert not fake.requests
+  captured = capsys.readouterr()
+  assert code == 2 and re.search(message, captured.err) and len(captured.err.strip().splitlines()) == 1, captured.err

@@ -1,0 +1,271 @@
+r"""Batch prediction as Vertex AI's BatchPredictionJob does it: locally over files, or sent to Vertex.
+
+    python -m scripts.batch_predict local --model_dir=gs://B/runs/R/model --input='gs://B/new/*.jsonl' \
+        --output_dir=gs://B/predictions/R
+    python -m scripts.batch_predict submit --model=projects/P/locations/L/models/ID --input='gs://B/new/*.csv' \
+        --output_dir=gs://B/predictions --project=P --region=L [--machine_type=n1-standard-4] [--dry_run]
+
+`local` reads every instance of the input files (JSONL: one JSON instance a line; CSV with a header: one row an
+instance, keyed by the header; TFRecord: tf.train.Example records), answers them with the model loaded as TF
+Serving loads it (scripts/predict.py: column names, nulls and empty cells read as training read them), and writes
+Vertex's output layout in --output_dir: `prediction.results-NNNNN-of-NNNNN` lines of
+`{"instance": ..., "prediction": ...}` and `prediction.errors_stats-00000-of-00001` lines of
+`{"instance": ..., "error": {"code": 3, "message": ...}}` for the instances the model cannot answer. A bad instance
+never stops the job. The files appear when the job is done (written under temporary names first).
+
+`submit` sends the BatchPredictionJob (JobService) for a registered model with the same input and output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import sys
+from typing import Any, Iterator
+
+from scripts import clients
+from scripts import predict
+
+FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tfrecord": "tfrecord"}
+INVALID_ARGUMENT = 3  # google.rpc.Code, as Vertex writes it in errors_stats
+
+
+class BatchError(ValueError):
+  """A one-line reason the batch cannot run."""
+
+
+def input_files(pattern: str) -> list[str]:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  files = sorted(tf.io.gfile.glob(pattern))
+  if not files:
+    raise BatchError(f"--input={pattern}: no file matches (local paths and gs:// patterns are read)")
+  return files
+
+
+def input_format(files: list[str], given: str) -> str:
+  if given != "auto":
+    return given
+  kinds = {FORMATS.get(os.path.splitext(f[:-3] if f.endswith(".gz") else f)[1].lower()) for f in files}
+  if len(kinds) != 1 or None in kinds:
+    raise BatchError(f"--input: cannot tell the format of {files[0]}{' and others' if len(files) > 1 else ''} "
+                     f"from the names (.jsonl, .csv, .tfrecord); pass --format=jsonl|csv|tfrecord")
+  return kinds.pop()
+
+
+def instances(files: list[str], kind: str, model: predict.SessionModel) -> Iterator[Any]:
+  """Every instance of every file, as Vertex's request would carry it (a bad line: a `_BadLine`)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  for path in files:
+    if kind == "tfrecord":
+      compression = "GZIP" if path.endswith(".gz") else ""
+      for record in tf.data.TFRecordDataset(path, compression_type=compression).as_numpy_iterator():
+        yield _example_instance(record)
+      continue
+    with tf.io.gfile.GFile(path, "rb") as f:
+      raw = f.read()
+    if path.endswith(".gz"):
+      import gzip  # pylint: disable=g-import-not-at-top
+      raw = gzip.decompress(raw)
+    text = raw.decode("utf-8-sig")
+    if kind == "jsonl":
+      for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+          try:
+            yield json.loads(line)
+          except ValueError as e:
+            yield _BadLine(line, f"{os.path.basename(path)} line {number} is not JSON ({e})")
+    else:
+      numeric = {name for name, (_, dtype, _) in model.inputs.items() if dtype.name != "string"}
+      for row in csv.DictReader(io.StringIO(text)):
+        yield {key: _csv_value(value, model.columns.input_of.get(key, key) in numeric) for key, value in row.items()}
+
+
+class _BadLine:
+  def __init__(self, text: str, reason: str):
+    self.text, self.reason = text, reason
+
+
+def _csv_value(value: str | None, numeric: bool) -> Any:
+  """A CSV cell as training reads it: empty -> missing (the schema's default); a number for a numeric input."""
+  if value is None or value == "":
+    return None
+  if numeric:
+    try:
+      return float(value)
+    except ValueError:
+      return value  # refused by the model with the feature's name
+  return value
+
+
+def _example_instance(record: bytes) -> dict:
+  import base64  # pylint: disable=g-import-not-at-top
+
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  row = {}
+  for name, feature in tf.train.Example.FromString(record).features.feature.items():
+    kind = feature.WhichOneof("kind")
+    values = list(getattr(feature, kind).value) if kind else []
+    if kind == "bytes_list":
+      values = [v.decode() if _is_text(v) else {"b64": base64.b64encode(v).decode()} for v in values]
+    row[name] = values[0] if len(values) == 1 else values
+  return row
+
+
+def _is_text(value: bytes) -> bool:
+  try:
+    value.decode("utf-8")
+  except UnicodeDecodeError:
+    return False
+  return True
+
+
+def run_local(model: predict.SessionModel, files: list[str], kind: str, output_dir: str, *, batch_size: int,
+              results_per_file: int) -> dict[str, int]:
+  """Answers every instance; writes Vertex's results and errors files; returns the counts."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  tf.io.gfile.makedirs(output_dir)
+  results: list[str] = []
+  errors: list[str] = []
+  batch: list[Any] = []
+
+  def flush() -> None:
+    good = [i for i in batch if not isinstance(i, _BadLine)]
+    for bad in (i for i in batch if isinstance(i, _BadLine)):
+      errors.append(json.dumps({"instance": bad.text, "error": {"code": INVALID_ARGUMENT, "message": bad.reason}}))
+    try:
+      answered = predict.predict(model, {"instances": good})["predictions"] if good else []
+      results.extend(json.dumps({"instance": i, "prediction": p}) for i, p in zip(good, answered))
+    except predict.PredictError:
+      for instance in good:  # one instance at a time: only the bad ones go to errors_stats
+        try:
+          (prediction,) = predict.predict(model, {"instances": [instance]})["predictions"]
+          results.append(json.dumps({"instance": instance, "prediction": prediction}))
+        except predict.PredictError as e:
+          message = str(e).replace("instance 0: ", "", 1)
+          errors.append(json.dumps({"instance": instance, "error": {"code": INVALID_ARGUMENT, "message": message}}))
+    batch.clear()
+
+  for instance in instances(files, kind, model):
+    batch.append(instance)
+    if len(batch) >= batch_size:
+      flush()
+  flush()
+  shards = max(1, -(-len(results) // results_per_file))
+  written = []
+  for shard in range(shards):
+    lines = results[shard * results_per_file:(shard + 1) * results_per_file]
+    written.append((f"prediction.results-{shard:05d}-of-{shards:05d}", lines))
+  written.append(("prediction.errors_stats-00000-of-00001", errors))
+  for name, lines in written:  # temporary names first: a crash leaves nothing that looks like a result
+    with tf.io.gfile.GFile(f"{output_dir.rstrip('/')}/.{name}.tmp", "w") as f:
+      f.write("".join(line + "\n" for line in lines))
+  for name, _ in written:
+    tf.io.gfile.rename(f"{output_dir.rstrip('/')}/.{name}.tmp", f"{output_dir.rstrip('/')}/{name}", overwrite=True)
+  return {"instances": len(results) + len(errors), "predictions": len(results), "errors": len(errors),
+          "result_files": shards}
+
+
+def batch_request(*, parent: str, display_name: str, model: str, input_uris: list[str], kind: str,
+                  output_dir: str, machine_type: str, replicas: int) -> dict:
+  """The CreateBatchPredictionJobRequest body (REST JSON)."""
+  return {
+      "parent": parent,
+      "batchPredictionJob": {
+          "displayName": display_name,
+          "model": model,
+          "inputConfig": {"instancesFormat": kind, "gcsSource": {"uris": input_uris}},
+          # Each row sent as an object keyed by its column names, as the signature's named inputs take it.
+          "instanceConfig": {"instanceType": "object"},
+          "outputConfig": {"predictionsFormat": "jsonl", "gcsDestination": {"outputUriPrefix": output_dir}},
+          "dedicatedResources": {"machineSpec": {"machineType": machine_type}, "startingReplicaCount": replicas,
+                                 "maxReplicaCount": replicas},
+      },
+  }
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("command", choices=("local", "submit"))
+  parser.add_argument("--input", required=True, help="files or a pattern, local or gs://")
+  parser.add_argument("--output_dir", required=True)
+  parser.add_argument("--format", default="auto", choices=("auto", "jsonl", "csv", "tfrecord"))
+  parser.add_argument("--model_dir", default=None, help="local: the exported SavedModel")
+  parser.add_argument("--batch_size", type=int, default=64)
+  parser.add_argument("--results_per_file", type=int, default=100_000)
+  parser.add_argument("--model", default=None, help="submit: the registered model (projects/P/locations/L/models/ID)")
+  parser.add_argument("--project", default=os.environ.get("PROJECT"))
+  parser.add_argument("--region", default=os.environ.get("REGION", "us-central1"))
+  parser.add_argument("--machine_type", default="n1-standard-4")
+  parser.add_argument("--replica_count", type=int, default=1)
+  parser.add_argument("--display_name", default="vertex-tf-trainer-batch")
+  parser.add_argument("--dry_run", action="store_true")
+  parser.add_argument("--api_endpoint", default=os.environ.get("VERTEX_API_ENDPOINT"), help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  try:
+    if args.batch_size < 1 or args.results_per_file < 1 or args.replica_count < 1:
+      raise BatchError("--batch_size, --results_per_file and --replica_count take a count >= 1")
+    if args.command == "local":
+      return _local(args)
+    return _submit(args)
+  except (BatchError, predict.PredictError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+
+
+def _local(args) -> int:
+  if not args.model_dir:
+    raise BatchError("local needs --model_dir (the exported SavedModel, local or gs://)")
+  files = input_files(args.input)
+  kind = input_format(files, args.format)
+  model = predict.load(args.model_dir)
+  try:
+    counts = run_local(model, files, kind, args.output_dir, batch_size=args.batch_size,
+                       results_per_file=args.results_per_file)
+  finally:
+    model.close()
+  print(json.dumps({**counts, "output_dir": args.output_dir, "input_files": len(files), "format": kind}))
+  return 0
+
+
+def _submit(args) -> int:
+  import re  # pylint: disable=g-import-not-at-top
+
+  if not args.model or not re.fullmatch(r"projects/[^/]+/locations/[^/]+/models/[^/]+", args.model):
+    raise BatchError(f"--model={args.model!r}: expected a registered model, projects/P/locations/L/models/ID "
+                     "(scripts.submit --upload_model prints it)")
+  if not args.project:
+    raise BatchError("--project is required (or set PROJECT)")
+  inputs = [u for u in args.input.split(",") if u]
+  if not all(u.startswith("gs://") for u in inputs) or not args.output_dir.startswith("gs://"):
+    raise BatchError("submit reads --input and writes --output_dir in Cloud Storage: gs:// URIs (patterns allowed)")
+  kind = input_format(inputs, args.format)
+  if kind == "tfrecord":
+    raise BatchError("--input: Vertex sends each TFRecord record to the model as one {\"b64\": ...} value, and this "
+                     "export's signature takes features by name: give Vertex JSONL or CSV (local reads TFRecord "
+                     "files as tf.train.Examples)")
+  request = batch_request(parent=f"projects/{args.project}/locations/{args.region}", display_name=args.display_name,
+                          model=args.model, input_uris=inputs, kind=kind, output_dir=args.output_dir,
+                          machine_type=args.machine_type, replicas=args.replica_count)
+  from google.cloud import aiplatform_v1  # pylint: disable=g-import-not-at-top
+  from google.protobuf import json_format  # pylint: disable=g-import-not-at-top
+
+  parsed = aiplatform_v1.CreateBatchPredictionJobRequest()
+  json_format.ParseDict(request, parsed._pb)  # pylint: disable=protected-access  (checked before it is printed)
+  if args.dry_run:
+    print(json.dumps(request, indent=2))
+    return 0
+  client = aiplatform_v1.JobServiceClient(**clients.vertex_kwargs(args.region, args.api_endpoint))
+  job = client.create_batch_prediction_job(request=parsed)
+  print(f"submitted {job.name}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,151 @@
+"""Batch prediction (python -m scripts.batch_predict): Vertex's output layout over JSONL, CSV and TFRecord inputs
+as pandas and TensorFlow write them, local files and gs://, bad lines kept apart; and the BatchPredictionJob."""
+
+import glob
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+from google.cloud import aiplatform_v1
+from google.protobuf import json_format
+
+import fake_vertex
+import procs
+from public_data import iris_frame
+from scripts import batch_predict
+from scripts import predict
+from scripts import stage_data
+
+
+@pytest.fixture(scope="module")
+def iris_model(tmp_path_factory):
+  """An iris classifier trained from pandas' CSV (column names with spaces, a few blank widths)."""
+  directory = tmp_path_factory.mktemp("iris")
+  frame = iris_frame()
+  frame.iloc[:120].to_csv(directory / "train.csv", index=False)
+  result = procs.run_trainer([f"--train_data={directory}/train.csv", "--label=species",
+                              f"--output_dir={directory}/out", "--train_steps=120", "--global_batch_size=30",
+                              "--learning_rate=0.02", "--eval_steps=0"])
+  assert result.returncode == 0, result.stderr[-3000:]
+  return directory / "out" / "model", frame.iloc[120:].reset_index(drop=True)
+
+
+def _expected(model_dir, rows):
+  """The session loader's answers for rows keyed by input name, blanks given the schema's default."""
+  schema = json.load(open(model_dir / "schema.json"))
+  defaults = {f["name"]: f.get("default") for f in schema["features"]}
+  model = predict.load(str(model_dir))
+  try:
+    instances = [{predict.safe_name(k): (defaults[k] if v is None or v != v else v) for k, v in row.items()
+                  if k in defaults} for row in rows]
+    return predict.predict(model, {"instances": instances})["predictions"]
+  finally:
+    model.close()
+
+
+def _outputs(directory):
+  results = [json.loads(line) for path in sorted(glob.glob(f"{directory}/prediction.results-*"))
+             for line in open(path)]
+  errors = [json.loads(line) for line in open(f"{directory}/prediction.errors_stats-00000-of-00001")]
+  assert not glob.glob(f"{directory}/.*.tmp")
+  return results, errors
+
+
+def _write_tfrecord(path, frame):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  with tf.io.TFRecordWriter(str(path)) as writer:
+    for row in frame.to_dict("records"):
+      feature = {}
+      for key, value in row.items():
+        if isinstance(value, str):
+          feature[key] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode()]))
+        elif value == value:  # a blank width is left out of the record, as TFRecord writers leave it
+          feature[key] = tf.train.Feature(float_list=tf.train.FloatList(value=[value]))
+      writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+
+
+def test_every_input_format_gives_vertexs_output_layout(iris_model, gcs, tmp_path, capsys):
+  model_dir, rows = iris_model
+  records = rows.to_dict("records")
+  expected = _expected(model_dir, records)
+  inputs = tmp_path / "inputs"
+  inputs.mkdir()
+  # JSONL as pandas writes it (NaN -> null, the file's own column names, the label), plus two bad lines.
+  rows.to_json(inputs / "new.jsonl", orient="records", lines=True)
+  with open(inputs / "new.jsonl", "a") as f:
+    f.write("{not json\n")
+    f.write(json.dumps({**records[0], "petal length (cm)": "long"}) + "\n")
+  # CSV as pandas writes it (blank cells), in the bucket; a bad row at the end.
+  bad_row = rows.iloc[:1].copy()
+  bad_row["petal width (cm)"] = "wide"
+  csv_text = rows.to_csv(index=False) + bad_row.to_csv(index=False, header=False)
+  (inputs / "new.csv").write_text(csv_text)
+  stage_data.upload_tree(str(inputs), "gs://test-bucket/batch-in")
+  _write_tfrecord(inputs / "new.tfrecord", rows)
+  cases = [("jsonl", str(inputs / "new.jsonl"), 2), ("csv", "gs://test-bucket/batch-in/*.csv", 1),
+           ("tfrecord", str(inputs / "*.tfrecord"), 0)]
+  for kind, pattern, bad in cases:
+    out = tmp_path / f"out-{kind}"
+    code = batch_predict.main(["local", f"--model_dir={model_dir}", f"--input={pattern}", f"--output_dir={out}",
+                               "--batch_size=7", "--results_per_file=20"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    summary = json.loads(printed)
+    assert summary == {"instances": len(records) + bad, "predictions": len(records), "errors": bad,
+                       "result_files": 2, "output_dir": str(out), "input_files": 1, "format": kind}
+    results, errors = _outputs(out)
+    assert [r["prediction"] for r in results] == expected, kind  # a bad instance never shifts the others
+    assert len(errors) == bad and all(e["error"]["code"] == 3 for e in errors)
+    if kind == "jsonl":
+      assert results[0]["instance"] == json.loads(open(inputs / "new.jsonl").readline())  # as it was sent
+      assert "line 31 is not JSON" in errors[0]["error"]["message"]
+      assert re.match(r"^feature 'petal_length__cm_' must be a number", errors[1]["error"]["message"])
+    if kind == "csv":
+      assert re.match(r"^feature 'petal_width__cm_' must be a number", errors[0]["error"]["message"])
+  accuracy = np.mean([r["prediction"]["class_name"] == y for r, y in zip(results, rows["species"])])
+  assert accuracy >= 0.8
+
+
+def test_bad_batch_inputs_are_one_line(iris_model, tmp_path, capsys):
+  model_dir, _ = iris_model
+  (tmp_path / "odd.txt").write_text("x")
+  cases = [(["local", f"--model_dir={model_dir}", f"--input={tmp_path}/none-*.jsonl", f"--output_dir={tmp_path}/o"],
+            r"^error: --input=.*/none-\*\.jsonl: no file matches"),
+           (["local", f"--model_dir={model_dir}", f"--input={tmp_path}/odd.txt", f"--output_dir={tmp_path}/o"],
+            r"^error: --input: cannot tell the format of .*odd\.txt"),
+           (["local", f"--model_dir={tmp_path}", f"--input={tmp_path}/odd.txt", "--format=csv",
+             f"--output_dir={tmp_path}/o"], r"^error: --model_dir: cannot load a SavedModel"),
+           (["submit", "--model=m", "--input=gs://b/x.jsonl", "--output_dir=gs://b/o", "--project=p"],
+            r"^error: --model='m': expected a registered model"),
+           (["submit", "--model=projects/p/locations/l/models/1", "--input=gs://b/x.tfrecord", "--output_dir=gs://b/o",
+             "--project=p"], r"^error: --input: Vertex sends each TFRecord record to the model as one")]
+  for args, message in cases:
+    assert batch_predict.main(args) == 2
+    captured = capsys.readouterr()
+    assert re.search(message, captured.err) and len(captured.err.strip().splitlines()) == 1, captured.err
+    assert not os.path.exists(f"{tmp_path}/o")
+
+
+def test_a_batch_prediction_job_is_sent_as_the_api_takes_it(capsys):
+  args = ["submit", "--model=projects/p/locations/europe-west4/models/42", "--input=gs://b/new/*.jsonl",
+          "--output_dir=gs://b/predictions", "--project=p", "--region=europe-west4", "--machine_type=n1-standard-8",
+          "--replica_count=2"]
+  with fake_vertex.running() as fake:
+    assert batch_predict.main([*args, "--dry_run", f"--api_endpoint={fake.endpoint}"]) == 0
+    assert not fake.requests
+    printed = json.loads(capsys.readouterr().out)
+    assert batch_predict.main([*args, f"--api_endpoint={fake.endpoint}"]) == 0
+    (body,) = fake.created("batchPredictionJobs")
+  assert body == printed["batchPredictionJob"]
+  request = aiplatform_v1.CreateBatchPredictionJobRequest()
+  json_format.ParseDict(printed, request._pb)  # pylint: disable=protected-access
+  job = request.batch_prediction_job
+  assert job.model == "projects/p/locations/europe-west4/models/42"
+  assert job.input_config.instances_format == "jsonl" and list(job.input_config.gcs_source.uris) == ["gs://b/new/*.jsonl"]
+  assert job.output_config.gcs_destination.output_uri_prefix == "gs://b/predictions"
+  assert job.instance_config.instance_type == "object"
+  assert job.dedicated_resources.machine_spec.machine_type == "n1-standard-8"
+  assert job.dedicated_resources.starting_replica_count == 2
