@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the test suite on a fresh machine: makes .venv, installs requirements-dev.txt, runs pytest; then the smoke
 # subset (pytest -m smoke: train, export, serve, a multi-worker run) again on the prebuilt-image stack, TF 2.17 /
-# Keras 3.4 in .venv-tf217 (requirements-tf217.txt), as Vertex's newest prebuilt TF training image runs it.
+# Keras 3.4 in .venv-tf217 (requirements-tf217.txt), as Vertex's newest prebuilt TF training image runs it. The
+# suite also serves its exports on TF 2.15 (.venv-tf215, requirements-tf215.txt), the prebuilt prediction image's.
 # Tests start (and stop) every service they use themselves, the Cloud Storage emulator included.
 #   bash scripts/test.sh            # all tests, then the TF 2.17 smoke subset
 #   bash scripts/test.sh -k cluster # pytest arguments pass through (the smoke subset is then skipped)
@@ -16,10 +17,16 @@ if [ "$#" -eq 0 ] && [ "${SMOKE_TF217:-1}" != "0" ]; then
   # both are done before any test starts, so no timed test shares the machine with pip.
   (VENV="$PWD/.venv-tf217" REQUIREMENTS=requirements-tf217.txt source scripts/bootstrap.sh) &
   smoke_install=$!
+  # TF 2.15, what Vertex's newest prebuilt prediction image runs: tests/test_serving_tf215.py serves the exports
+  # through its session loader, and a full run requires it.
+  (VENV="$PWD/.venv-tf215" REQUIREMENTS=requirements-tf215.txt source scripts/bootstrap.sh) &
+  serving_install=$!
+  export REQUIRE_TF215=1
 fi
 source scripts/bootstrap.sh
 if [ "$smoke" = "1" ]; then
   wait "$smoke_install"
+  wait "$serving_install"
 fi
 # No test may reach a real Google host or a metadata server (the same table: scripts/loopback.py).
 export GCE_METADATA_HOST=127.0.0.1:9 GCE_METADATA_IP=127.0.0.1:9 NO_GCE_CHECK=true TF_CPP_MIN_LOG_LEVEL=2
