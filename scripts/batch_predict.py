@@ -8,7 +8,8 @@ r"""Batch prediction as Vertex AI's BatchPredictionJob does it: locally over fil
 `local` reads every instance of the input files (JSONL: one JSON instance a line; CSV with a header: one row an
 instance, keyed by the header; TFRecord: tf.train.Example records), answers them with the model loaded as TF
 Serving loads it (scripts/predict.py: column names, nulls and empty cells read as training read them), and writes
-Vertex's output layout in --output_dir: `prediction.results-NNNNN-of-NNNNN` lines of
+Vertex's output layout in a new `prediction-<model>-<time>` folder under --output_dir (as Vertex names it, so runs
+never mix): `prediction.results-NNNNN-of-NNNNN` lines of
 `{"instance": ..., "prediction": ...}` and `prediction.errors_stats-00000-of-00001` lines of
 `{"instance": ..., "error": {"code": 3, "message": ...}}` for the instances the model cannot answer. A bad instance
 never stops the job. The files appear when the job is done (written under temporary names first).
@@ -20,9 +21,11 @@ from __future__ import annotations
 
 import argparse
 import csv
+import datetime
 import io
 import json
 import os
+import re
 import sys
 from typing import Any, Iterator
 
@@ -49,11 +52,15 @@ def input_files(pattern: str) -> list[str]:
 def input_format(files: list[str], given: str) -> str:
   if given != "auto":
     return given
-  kinds = {FORMATS.get(os.path.splitext(f[:-3] if f.endswith(".gz") else f)[1].lower()) for f in files}
-  if len(kinds) != 1 or None in kinds:
-    raise BatchError(f"--input: cannot tell the format of {files[0]}{' and others' if len(files) > 1 else ''} "
-                     f"from the names (.jsonl, .csv, .tfrecord); pass --format=jsonl|csv|tfrecord")
-  return kinds.pop()
+  kinds = {f: FORMATS.get(os.path.splitext(f[:-3] if f.endswith(".gz") else f)[1].lower()) for f in files}
+  unknown = [f for f, kind in kinds.items() if kind is None]
+  if unknown:
+    raise BatchError(f"--input: cannot tell the format of {unknown[0]} from its name (.jsonl, .csv, .tfrecord, "
+                     "optionally .gz); pass --format=jsonl|csv|tfrecord")
+  if len(set(kinds.values())) > 1:
+    raise BatchError(f"--input matches files of several formats ({', '.join(sorted(set(kinds.values())))}); a "
+                     "batch reads one: narrow the pattern")
+  return next(iter(kinds.values()))
 
 
 def instances(files: list[str], kind: str, model: predict.SessionModel) -> Iterator[Any]:
@@ -130,7 +137,6 @@ def run_local(model: predict.SessionModel, files: list[str], kind: str, output_d
   """Answers every instance; writes Vertex's results and errors files; returns the counts."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  tf.io.gfile.makedirs(output_dir)
   results: list[str] = []
   errors: list[str] = []
   batch: list[Any] = []
@@ -141,15 +147,16 @@ def run_local(model: predict.SessionModel, files: list[str], kind: str, output_d
       errors.append(json.dumps({"instance": bad.text, "error": {"code": INVALID_ARGUMENT, "message": bad.reason}}))
     try:
       answered = predict.predict(model, {"instances": good})["predictions"] if good else []
-      results.extend(json.dumps({"instance": i, "prediction": p}) for i, p in zip(good, answered))
+      results.extend(json.dumps({"instance": _echo(i), "prediction": p}) for i, p in zip(good, answered))
     except predict.PredictError:
       for instance in good:  # one instance at a time: only the bad ones go to errors_stats
         try:
           (prediction,) = predict.predict(model, {"instances": [instance]})["predictions"]
-          results.append(json.dumps({"instance": instance, "prediction": prediction}))
+          results.append(json.dumps({"instance": _echo(instance), "prediction": prediction}))
         except predict.PredictError as e:
           message = str(e).replace("instance 0: ", "", 1)
-          errors.append(json.dumps({"instance": instance, "error": {"code": INVALID_ARGUMENT, "message": message}}))
+          errors.append(json.dumps({"instance": _echo(instance),
+                                    "error": {"code": INVALID_ARGUMENT, "message": message}}))
     batch.clear()
 
   for instance in instances(files, kind, model):
@@ -170,6 +177,27 @@ def run_local(model: predict.SessionModel, files: list[str], kind: str, output_d
     tf.io.gfile.rename(f"{output_dir.rstrip('/')}/.{name}.tmp", f"{output_dir.rstrip('/')}/{name}", overwrite=True)
   return {"instances": len(results) + len(errors), "predictions": len(results), "errors": len(errors),
           "result_files": shards}
+
+
+def _echo(instance: Any) -> Any:
+  """The instance as the results echo it, in standard JSON: a NaN (read as missing) becomes null."""
+  if isinstance(instance, dict):
+    return {k: _echo(v) for k, v in instance.items()}
+  if isinstance(instance, list):
+    return [_echo(v) for v in instance]
+  if isinstance(instance, float) and instance != instance:
+    return None
+  return instance
+
+
+def output_folder(output_dir: str, model_dir: str, now: datetime.datetime | None = None) -> str:
+  """Where a run writes, as Vertex does: a new `prediction-<model>-<time>` folder under --output_dir, so a later
+  run never mixes its files with an earlier one's."""
+  now = now or datetime.datetime.now(datetime.timezone.utc)
+  parts = [p for p in model_dir.rstrip("/").split("/") if p]
+  name = parts[-2] if len(parts) >= 2 and parts[-1] == "model" else (parts[-1] if parts else "model")
+  stamp = now.strftime("%Y_%m_%dT%H_%M_%S_") + f"{now.microsecond // 1000:03d}Z"
+  return f"{output_dir.rstrip('/')}/prediction-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{stamp}"
 
 
 def batch_request(*, parent: str, display_name: str, model: str, input_uris: list[str], kind: str,
@@ -222,21 +250,28 @@ def main(argv: list[str] | None = None) -> int:
 def _local(args) -> int:
   if not args.model_dir:
     raise BatchError("local needs --model_dir (the exported SavedModel, local or gs://)")
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   files = input_files(args.input)
   kind = input_format(files, args.format)
+  if tf.io.gfile.exists(args.output_dir) and not tf.io.gfile.isdir(args.output_dir):
+    raise BatchError(f"--output_dir={args.output_dir}: a file is there; expected a directory (made if missing)")
   model = predict.load(args.model_dir)
+  folder = output_folder(args.output_dir, args.model_dir)
   try:
-    counts = run_local(model, files, kind, args.output_dir, batch_size=args.batch_size,
+    tf.io.gfile.makedirs(folder)
+  except tf.errors.OpError as e:
+    raise BatchError(f"--output_dir={args.output_dir}: cannot make {folder} ({e.message.splitlines()[0]})") from None
+  try:
+    counts = run_local(model, files, kind, folder, batch_size=args.batch_size,
                        results_per_file=args.results_per_file)
   finally:
     model.close()
-  print(json.dumps({**counts, "output_dir": args.output_dir, "input_files": len(files), "format": kind}))
+  print(json.dumps({**counts, "output_dir": folder, "input_files": len(files), "format": kind}))
   return 0
 
 
 def _submit(args) -> int:
-  import re  # pylint: disable=g-import-not-at-top
-
   if not args.model or not re.fullmatch(r"projects/[^/]+/locations/[^/]+/models/[^/]+", args.model):
     raise BatchError(f"--model={args.model!r}: expected a registered model, projects/P/locations/L/models/ID "
                      "(scripts.submit --upload_model prints it)")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import math
 import sys
 from typing import Any
 
@@ -100,9 +101,11 @@ class TrainingColumns:
     except (tf.errors.OpError, ValueError, AttributeError, TypeError):
       return cls([], None, inputs)  # an export without its schema (not this trainer's): inputs as they are
 
-  def describe(self, name: str) -> str:
+  def describe(self, name: str, *, quoted: bool = True) -> str:
+    """An input as errors name it: 'mean_radius' (column 'mean radius'), or plain in a list of inputs."""
     column = self.column_of.get(name)
-    return f"{name} (column {column!r})" if column and column != name else name
+    shown = repr(name) if quoted else name
+    return f"{shown} (column {column!r})" if column and column != name else shown
 
 
 def predict(model: SessionModel, body: Any) -> dict[str, Any]:
@@ -134,7 +137,7 @@ def predict(model: SessionModel, body: Any) -> dict[str, Any]:
 
 
 def _takes(model: SessionModel) -> str:
-  return ", ".join(model.columns.describe(name) for name in sorted(model.inputs))
+  return ", ".join(model.columns.describe(name, quoted=False) for name in sorted(model.inputs))
 
 
 def _as_inputs(model: SessionModel, given: dict, *, where: str, rows: int | None = None) -> dict:
@@ -170,11 +173,16 @@ def _as_inputs(model: SessionModel, given: dict, *, where: str, rows: int | None
 def _filled(model: SessionModel, name: str, value: Any, *, where: str) -> Any:
   """`value`, or the feature's default where training would have used it (missing, null, an empty cell)."""
   numeric = model.inputs[name][1].name != "string"
+  if isinstance(value, float) and not math.isfinite(value):
+    if math.isnan(value):
+      value = None  # NaN: how Python's json and pandas' blank cells say "missing"
+    else:
+      raise PredictError(f"{where}: feature {model.columns.describe(name)} is {value}; expected a finite number")
   if value is None or (value == "" and numeric):
     default = model.columns.defaults.get(name)
     if default is None:
       said = "is missing" if value is None else "is empty"
-      raise PredictError(f"{where}: feature {model.columns.describe(name)!r} {said}, and the schema it was "
+      raise PredictError(f"{where}: feature {model.columns.describe(name)} {said}, and the schema it was "
                          f"trained with gives it no default (the model takes: {_takes(model)})")
     return default
   if numeric and isinstance(value, str):

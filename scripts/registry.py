@@ -160,7 +160,7 @@ def traffic_split(current: dict[str, int], percent: int) -> dict[str, int]:
   if not others:
     if percent != 100:
       raise RegistryError(f"--traffic_percent={percent}: the endpoint has no other model to take the rest; its "
-                          "only model takes 100")
+                          "only model takes 100 (a share below 100 is for a model added to an existing --endpoint)")
     return {"0": 100}
   if rest == 0:
     return {"0": 100}

@@ -16,6 +16,7 @@ given the schema's default. Each request runs in its own thread on the one sessi
 from __future__ import annotations
 
 import argparse
+import errno
 import http.server
 import json
 import os
@@ -142,8 +143,11 @@ def start(args, env) -> http.server.ThreadingHTTPServer:
     try:
       probe.bind((args.host, port))
     except OSError as e:
-      raise ServeError(f"{flag}={port}: cannot listen on {args.host}:{port} ({e.strerror}); pick another port "
-                       "or stop what holds it") from None
+      if e.errno == errno.EADDRINUSE:
+        raise ServeError(f"{flag}={port}: cannot listen on {args.host}:{port} ({e.strerror}); pick another port "
+                         "or stop what holds it") from None
+      raise ServeError(f"--host={args.host}: cannot listen there ({e.strerror or e}); expected an address of this "
+                       "machine (127.0.0.1, or 0.0.0.0 for every interface)") from None
   model = predict.load(args.model_dir, args.signature)
   health_route, predict_route = routes(env)
   try:

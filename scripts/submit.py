@@ -322,6 +322,9 @@ def _submit(args) -> int:
                           f"{args.serving_image} names another: drop one")
       container, serving_warnings = registry.serving_container(args.serving_image, training_tf=training_tf,
                                                                project=args.project, region=args.region)
+      if not args.serving_image and not args.build_serving_image:
+        serving_warnings.append(f"the model will name {container['imageUri']}, which must exist in Artifact "
+                                "Registry when it is deployed: add --build_serving_image once per TF version")
 
       def upload_request_for(job_name: str) -> dict:
         return registry.upload_request(

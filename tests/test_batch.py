@@ -73,8 +73,11 @@ def test_every_input_format_gives_vertexs_output_layout(iris_model, gcs, tmp_pat
   expected = _expected(model_dir, records)
   inputs = tmp_path / "inputs"
   inputs.mkdir()
-  # JSONL as pandas writes it (NaN -> null, the file's own column names, the label), plus two bad lines.
-  rows.to_json(inputs / "new.jsonl", orient="records", lines=True)
+  # JSONL as pandas writes it (NaN -> null, the file's own column names, the label) and as Python's json writes it
+  # (a blank as NaN), plus two bad lines.
+  rows.iloc[:15].to_json(inputs / "new.jsonl", orient="records", lines=True)
+  with open(inputs / "new.jsonl", "a") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records[15:])
   with open(inputs / "new.jsonl", "a") as f:
     f.write("{not json\n")
     f.write(json.dumps({**records[0], "petal length (cm)": "long"}) + "\n")
@@ -94,13 +97,19 @@ def test_every_input_format_gives_vertexs_output_layout(iris_model, gcs, tmp_pat
     printed = capsys.readouterr().out
     assert code == 0, printed
     summary = json.loads(printed)
+    # Vertex's layout: a new prediction-<model>-<time> folder for each run (the run's dir names the model).
+    assert re.fullmatch(rf"{re.escape(str(out))}/prediction-out-\d{{4}}_\d\d_\d\dT\d\d_\d\d_\d\d_\d{{3}}Z",
+                        summary.pop("output_dir"))
     assert summary == {"instances": len(records) + bad, "predictions": len(records), "errors": bad,
-                       "result_files": 2, "output_dir": str(out), "input_files": 1, "format": kind}
-    results, errors = _outputs(out)
+                       "result_files": 2, "input_files": 1, "format": kind}
+    (folder,) = glob.glob(f"{out}/prediction-*")
+    results, errors = _outputs(folder)
     assert [r["prediction"] for r in results] == expected, kind  # a bad instance never shifts the others
     assert len(errors) == bad and all(e["error"]["code"] == 3 for e in errors)
     if kind == "jsonl":
       assert results[0]["instance"] == json.loads(open(inputs / "new.jsonl").readline())  # as it was sent
+      results_text = "".join(open(path).read() for path in glob.glob(f"{folder}/prediction.results-*"))
+      assert "NaN" in open(inputs / "new.jsonl").read() and "NaN" not in results_text  # standard JSON out
       assert "line 31 is not JSON" in errors[0]["error"]["message"]
       assert re.match(r"^feature 'petal_length__cm_' must be a number", errors[1]["error"]["message"])
     if kind == "csv":
@@ -116,6 +125,8 @@ def test_bad_batch_inputs_are_one_line(iris_model, tmp_path, capsys):
             r"^error: --input=.*/none-\*\.jsonl: no file matches"),
            (["local", f"--model_dir={model_dir}", f"--input={tmp_path}/odd.txt", f"--output_dir={tmp_path}/o"],
             r"^error: --input: cannot tell the format of .*odd\.txt"),
+           (["local", f"--model_dir={model_dir}", f"--input={tmp_path}/odd.txt", "--format=csv",
+             f"--output_dir={tmp_path}/odd.txt"], r"^error: --output_dir=.*odd\.txt: a file is there; expected a directory"),
            (["local", f"--model_dir={tmp_path}", f"--input={tmp_path}/odd.txt", "--format=csv",
              f"--output_dir={tmp_path}/o"], r"^error: --model_dir: cannot load a SavedModel"),
            (["submit", "--model=m", "--input=gs://b/x.jsonl", "--output_dir=gs://b/o", "--project=p"],

@@ -377,7 +377,8 @@ def test_a_registered_model_is_deployed_to_an_endpoint(gcs, capsys):
 @pytest.mark.parametrize("args,message", [
     (["--deploy"], r"^error: --deploy is for the model --upload_model registers; add --upload_model$"),
     (["--upload_model", "--deploy", "--traffic_percent=30"],
-     r"^error: --traffic_percent=30: the endpoint has no other model to take the rest; its only model takes 100$"),
+     r"^error: --traffic_percent=30: the endpoint has no other model to take the rest; its only model takes 100 "
+     r"\(a share below 100 is for a model added to an existing --endpoint\)$"),
     (["--upload_model", "--deploy", "--min_replicas=3", "--max_replicas=2"],
      r"^error: --min_replicas=3 --max_replicas=2: expected 1 <= min <= max$"),
     (["--upload_model", "--deploy", "--endpoint=my-endpoint"],

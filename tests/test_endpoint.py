@@ -112,6 +112,13 @@ def test_the_endpoint_answers_as_vertex_does(digits_export):
                               {"instances": [{k: v for k, v in verbatim[1].items() if k != INK}]})
     assert status == 200 and response["predictions"] == _session_answers(
         digits_export, [{**as_trained[1], "ink_level__a.u._": ink["default"]}])
+    # NaN, as Python's json writes a blank, is missing too; an infinite value is refused.
+    status, response = _call(port, "POST", started["predict"], {"instances": [{**verbatim[1], INK: float("nan")}]})
+    assert status == 200 and response["predictions"] == _session_answers(
+        digits_export, [{**as_trained[1], "ink_level__a.u._": ink["default"]}])
+    status, response = _call(port, "POST", started["predict"], {"instances": [{**verbatim[1], INK: float("inf")}]})
+    assert status == 400 and response["error"]["message"] == (
+        "instance 0: feature 'ink_level__a.u._' (column 'ink level (a.u.)') is inf; expected a finite number")
     columns = {"image": [r["image"] for r in as_trained[:3]], INK: [r[INK] for r in verbatim[:3]],
                "scanner": [r["scanner"] for r in verbatim[:3]]}
     status, response = _call(port, "POST", started["predict"], {"inputs": columns})
