@@ -88,7 +88,13 @@ def instances(files: list[str], kind: str, model: predict.SessionModel) -> Itera
             yield _BadLine(line, f"{os.path.basename(path)} line {number} is not JSON ({e})")
     else:
       numeric = {name for name, (_, dtype, _) in model.inputs.items() if dtype.name != "string"}
-      for row in csv.DictReader(io.StringIO(text)):
+      reader = csv.DictReader(io.StringIO(text))
+      for row in reader:
+        given = [v for k, v in row.items() if k is not None and v is not None] + list(row.get(None) or [])
+        if len(given) != len(reader.fieldnames):  # fewer fields than the header, or more
+          yield _BadLine(",".join(given), f"{os.path.basename(path)} line {reader.line_num} has {len(given)} fields; "
+                         f"its header has {len(reader.fieldnames)}")
+          continue
         yield {key: _csv_value(value, model.columns.input_of.get(key, key) in numeric) for key, value in row.items()}
 
 
@@ -142,21 +148,28 @@ def run_local(model: predict.SessionModel, files: list[str], kind: str, output_d
   batch: list[Any] = []
 
   def flush() -> None:
+    """Answers the batch at once; when the model refuses it, one instance at a time, in input order, so only
+    the bad ones go to errors_stats."""
     good = [i for i in batch if not isinstance(i, _BadLine)]
-    for bad in (i for i in batch if isinstance(i, _BadLine)):
-      errors.append(json.dumps({"instance": bad.text, "error": {"code": INVALID_ARGUMENT, "message": bad.reason}}))
     try:
       answered = predict.predict(model, {"instances": good})["predictions"] if good else []
-      results.extend(json.dumps({"instance": _echo(i), "prediction": p}) for i, p in zip(good, answered))
     except predict.PredictError:
-      for instance in good:  # one instance at a time: only the bad ones go to errors_stats
-        try:
-          (prediction,) = predict.predict(model, {"instances": [instance]})["predictions"]
-          results.append(json.dumps({"instance": _echo(instance), "prediction": prediction}))
-        except predict.PredictError as e:
-          message = str(e).replace("instance 0: ", "", 1)
-          errors.append(json.dumps({"instance": _echo(instance),
-                                    "error": {"code": INVALID_ARGUMENT, "message": message}}))
+      answered = None
+    for instance in batch:
+      if isinstance(instance, _BadLine):
+        errors.append(json.dumps({"instance": instance.text,
+                                  "error": {"code": INVALID_ARGUMENT, "message": instance.reason}}))
+        continue
+      if answered is not None:
+        results.append(json.dumps({"instance": _echo(instance), "prediction": answered.pop(0)}))
+        continue
+      try:
+        (prediction,) = predict.predict(model, {"instances": [instance]})["predictions"]
+        results.append(json.dumps({"instance": _echo(instance), "prediction": prediction}))
+      except predict.PredictError as e:
+        message = str(e).replace("instance 0: ", "", 1)
+        errors.append(json.dumps({"instance": _echo(instance),
+                                  "error": {"code": INVALID_ARGUMENT, "message": message}}))
     batch.clear()
 
   for instance in instances(files, kind, model):

@@ -84,11 +84,11 @@ def test_every_input_format_gives_vertexs_output_layout(iris_model, gcs, tmp_pat
   # CSV as pandas writes it (blank cells), in the bucket; a bad row at the end.
   bad_row = rows.iloc[:1].copy()
   bad_row["petal width (cm)"] = "wide"
-  csv_text = rows.to_csv(index=False) + bad_row.to_csv(index=False, header=False)
+  csv_text = rows.to_csv(index=False) + bad_row.to_csv(index=False, header=False) + "5.1,3.5\n"  # a short row
   (inputs / "new.csv").write_text(csv_text)
   stage_data.upload_tree(str(inputs), "gs://test-bucket/batch-in")
   _write_tfrecord(inputs / "new.tfrecord", rows)
-  cases = [("jsonl", str(inputs / "new.jsonl"), 2), ("csv", "gs://test-bucket/batch-in/*.csv", 1),
+  cases = [("jsonl", str(inputs / "new.jsonl"), 2), ("csv", "gs://test-bucket/batch-in/*.csv", 2),
            ("tfrecord", str(inputs / "*.tfrecord"), 0)]
   for kind, pattern, bad in cases:
     out = tmp_path / f"out-{kind}"
@@ -114,6 +114,8 @@ def test_every_input_format_gives_vertexs_output_layout(iris_model, gcs, tmp_pat
       assert re.match(r"^feature 'petal_length__cm_' must be a number", errors[1]["error"]["message"])
     if kind == "csv":
       assert re.match(r"^feature 'petal_width__cm_' must be a number", errors[0]["error"]["message"])
+      assert errors[1] == {"instance": "5.1,3.5", "error": {"code": 3, "message": "new.csv line 33 has 2 fields; its "
+                                                                                  "header has 5"}}
   accuracy = np.mean([r["prediction"]["class_name"] == y for r, y in zip(results, rows["species"])])
   assert accuracy >= 0.8
 
