@@ -11,8 +11,9 @@ CLOUD_ML_JOB_ID; the pool's args and env. A pool's N accelerators become N logic
 (--num_cpu_devices=N), so a "4-GPU" replica runs 4 MirroredStrategy replicas. A Reduction Server pool is not run
 (its image is Google's); the trainer is told with --reduction_server, as on Vertex.
 
-Job semantics: the job succeeds when the chief succeeds (parameter servers and evaluators are then stopped); a
-failing replica fails the job at once, with its last lines shown, unless --restart_failed lets it restart like
+Job semantics: the job succeeds when the chief succeeds (parameter servers and evaluators are then stopped, and a
+peer failing after that is reported, not fatal, as Vertex judges a job by its primary replica); a failing replica
+fails the job at once, with its last lines shown, unless --restart_failed lets it restart like
 a Vertex replica. --preempt=REPLICA@SECONDS sends a Spot preemption (SIGTERM, SIGKILL after
 --preempt_grace_secs, a restart; the whole job with scheduling.restartJobOnWorkerRestart), and the summary shows
 the step each preempted replica saved and the step it resumed at. Ctrl-C or --timeout_secs stops every child. Logs stream live, prefixed `workerpool1-0 |`,

@@ -63,3 +63,22 @@ def test_failed_export_keeps_the_previous_and_a_reexport_replaces_it(churn_data,
   assert (8, 2) in kernel_shapes and (4, 2) not in kernel_shapes  # the 8-unit model's output layer, not the 4's
   if where == "local":
     assert not os.path.exists(f"{directory}/{MARKER}")
+
+
+@pytest.mark.parametrize("where", ["local", "gs"])
+def test_an_interrupted_exports_staging_dir_is_removed_by_the_next_export(churn_data, tmp_path, where, request):
+  """A chief killed inside an export leaves `model.staging-XXXX/` (a half, or a whole second, SavedModel) beside
+  the model: the next export (the restart's) removes it before staging its own."""
+  directory = str(tmp_path / "model") if where == "local" else "gs://test-bucket/exports/debris"
+  if where == "gs":
+    request.getfixturevalue("gcs")
+  model, schema = _model(churn_data, 4)
+  stale = f"{directory}.staging-0badf00d"
+  export.export_saved_model(model, schema, stale)  # what a kill after staging, before publishing, leaves
+  tf.io.gfile.makedirs(f"{directory}.staging-1badf00d/variables")
+  with tf.io.gfile.GFile(f"{directory}.staging-1badf00d/variables/variables.index", "w") as f:
+    f.write("half")  # and one killed mid-save
+  assert len(_siblings(directory)) == 2
+  export.export_for_role(model, schema, directory, is_chief=True, complete_marker=MARKER)
+  assert _siblings(directory) == ["model" if where == "local" else "debris"]
+  assert "saved_model.pb" in _listing(directory)

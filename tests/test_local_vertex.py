@@ -286,3 +286,27 @@ def test_preemptions_in_a_row_lose_no_step(staged, gcs, tmp_path):
     metrics = json.load(f)
   assert metrics["final_step"] == 16000 and metrics["resumed_from_step"] == int(lines[-1][3])
   assert not _children_of(job_dir)
+
+
+def test_the_job_is_the_chiefs_a_peer_failing_after_it_does_not_fail_it(tmp_path, capsys):
+  """As Vertex judges a job: the chief exits 0, then a worker (say, mid-collective when the chief left) exits 1:
+  the job succeeds and the summary says what the worker did. A worker failing before the chief is done still
+  fails the job."""
+  from scripts.localrun.supervise import supervise  # pylint: disable=g-import-not-at-top
+
+  def replicas(worker_code, worker_secs):
+    made = []
+    for pool, (task, code, secs) in enumerate([("chief", 0, 0.5), ("worker", worker_code, worker_secs)]):
+      made.append(planning.Replica(pool=pool, index=0, task_type=task, args=[], env={},
+                                   log_path=str(tmp_path / f"{task}-{worker_secs}.log"),
+                                   command=("python3", "-c", f"import sys, time; time.sleep({secs}); sys.exit({code})")))
+    return made
+
+  ok, reason, failed = supervise(replicas(1, 2.0), site=str(tmp_path), base_env=dict(os.environ), timeout_secs=60,
+                                 restart_failed=0, quiet=True)
+  assert (ok, reason, failed) == (True, "the chief succeeded", None)
+  assert "after the chief succeeded: workerpool1-0 exited 1; the job succeeds, as on Vertex" in capsys.readouterr().out
+  early = replicas(1, 0.0)
+  ok, reason, failed = supervise(early, site=str(tmp_path), base_env=dict(os.environ), timeout_secs=60,
+                                 restart_failed=0, quiet=True)
+  assert not ok and failed is early[1] and reason == "workerpool1-0 (worker) failed with exit code 1"

@@ -120,6 +120,18 @@ def _publish(staging: str, directory: str, *, complete_marker: str, replaced: tu
       tf.io.gfile.copy(paths.join_path(root, name), paths.join_path(target, name), overwrite=True)
 
 
+def _remove_stale_staging(directory: str) -> None:
+  """Staging dirs beside `directory` that an interrupted export left (a chief killed or preempted inside one):
+  removed before this export stages its own. Only the run's chief exports into a model dir, and the run-dir lock
+  keeps a second job off it, so nothing else can be writing one."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from absl import logging  # pylint: disable=g-import-not-at-top
+
+  for stale in tf.io.gfile.glob(f"{directory.rstrip('/')}.staging-*"):
+    storage.remove_tree(stale.rstrip("/"))
+    logging.info("Removed %s, left by an interrupted export", stale.rstrip("/"))
+
+
 def export_for_role(model, schema: schema_lib.Schema, directory: str, *, is_chief: bool,
                     complete_marker: str, extra_entries: tuple[str, ...] = ()) -> str | None:
   """Exports on every worker (saving may run collectives); only the chief's export is kept.
@@ -130,6 +142,7 @@ def export_for_role(model, schema: schema_lib.Schema, directory: str, *, is_chie
   a result.
   """
   if is_chief:
+    _remove_stale_staging(directory)
     staging = f"{directory.rstrip('/')}.staging-{uuid.uuid4().hex[:8]}"
     export_saved_model(model, schema, staging)  # removes the staging dir itself on failure
     try:
