@@ -169,6 +169,8 @@ def supervise(replicas: list[Replica], *, site: str, base_env: dict, timeout_sec
           restart(replica)
           continue
         if code != 0:
+          if chief.exit_code == 0:
+            continue  # the chief is done (it exited in the same moment): judged below, as Vertex judges a job
           if replica.restarts < restart_failed:
             replica.restarts += 1
             say(f"{replica.name} exited with {code}; restarting it ({replica.restarts}/{restart_failed})")
