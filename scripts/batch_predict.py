@@ -63,7 +63,7 @@ def input_format(files: list[str], given: str) -> str:
   return next(iter(kinds.values()))
 
 
-def instances(files: list[str], kind: str, model: predict.SessionModel) -> Iterator[Any]:
+def instances(files: list[str], kind: str) -> Iterator[Any]:
   """Every instance of every file, as Vertex's request would carry it (a bad line: a `_BadLine`)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -87,7 +87,6 @@ def instances(files: list[str], kind: str, model: predict.SessionModel) -> Itera
           except ValueError as e:
             yield _BadLine(line, f"{os.path.basename(path)} line {number} is not JSON ({e})")
     else:
-      numeric = {name for name, (_, dtype, _) in model.inputs.items() if dtype.name != "string"}
       reader = csv.DictReader(io.StringIO(text))
       for row in reader:
         given = [v for k, v in row.items() if k is not None and v is not None] + list(row.get(None) or [])
@@ -95,24 +94,13 @@ def instances(files: list[str], kind: str, model: predict.SessionModel) -> Itera
           yield _BadLine(",".join(given), f"{os.path.basename(path)} line {reader.line_num} has {len(given)} fields; "
                          f"its header has {len(reader.fieldnames)}")
           continue
-        yield {key: _csv_value(value, model.columns.input_of.get(key, key) in numeric) for key, value in row.items()}
+        # An empty cell is a missing value, as training reads it (scripts/predict.py reads numbers in text).
+        yield {key: None if value == "" else value for key, value in row.items()}
 
 
 class _BadLine:
   def __init__(self, text: str, reason: str):
     self.text, self.reason = text, reason
-
-
-def _csv_value(value: str | None, numeric: bool) -> Any:
-  """A CSV cell as training reads it: empty -> missing (the schema's default); a number for a numeric input."""
-  if value is None or value == "":
-    return None
-  if numeric:
-    try:
-      return float(value)
-    except ValueError:
-      return value  # refused by the model with the feature's name
-  return value
 
 
 def _example_instance(record: bytes) -> dict:
@@ -172,7 +160,7 @@ def run_local(model: predict.SessionModel, files: list[str], kind: str, output_d
                                   "error": {"code": INVALID_ARGUMENT, "message": message}}))
     batch.clear()
 
-  for instance in instances(files, kind, model):
+  for instance in instances(files, kind):
     batch.append(instance)
     if len(batch) >= batch_size:
       flush()

@@ -112,9 +112,8 @@ def run(args) -> int:
   command = vertex_config.trainer_command(pools[0])
   module = command[command.index("-m") + 1] if "-m" in command else "trainer.task"
   containers = bool(pools[0].get("containerSpec"))
-  count = sum(p["replicaCount"] for p in pools if vertex_config.trainer_spec(p))
-  probe = plan_replicas(spec, job_id=job_id, job_dir=job_dir, ports=reserve_ports(count, args.base_port),
-                        extra_env={})
+  ports = reserve_ports(_replica_count(spec), args.base_port)
+  probe = plan_replicas(spec, job_id=job_id, job_dir=job_dir, ports=ports, extra_env={})
   check_trainer_args(probe)  # before anything is built, uploaded or started
   if study is not None:
     _check_study(study, probe[0].args)  # the built-in flags, and a plug-in importable here
@@ -185,15 +184,19 @@ def _stage(args, spec: dict, storage_env: dict[str, str], job_dir: str, *, conta
 def run_job(args, spec: dict, staged: Staged, *, job_id: str, job_dir: str, preemptions=(), extra_env=None,
             trial: str | None = None, stop=None):
   """One job of the spec's pools to its end: its replicas and supervise's (succeeded, reason, failed replica)."""
-  count = sum(p["replicaCount"] for p in spec["workerPoolSpecs"] if vertex_config.trainer_spec(p))
-  replicas = plan_replicas(spec, job_id=job_id, job_dir=job_dir, ports=reserve_ports(count, args.base_port),
-                           extra_env=extra_env or {}, trial=trial)
+  ports = reserve_ports(_replica_count(spec), args.base_port)
+  replicas = plan_replicas(spec, job_id=job_id, job_dir=job_dir, ports=ports, extra_env=extra_env or {}, trial=trial)
   restart_job = bool(spec.get("scheduling", {}).get("restartJobOnWorkerRestart"))
   outcome = supervise(replicas, site=staged.site, base_env=staged.env, timeout_secs=args.timeout_secs,
                       restart_failed=args.restart_failed, quiet=args.quiet or trial is not None,
                       preemptions=preemptions, grace_secs=args.preempt_grace_secs, restart_job=restart_job,
                       stop=stop)
   return replicas, outcome
+
+
+def _replica_count(spec: dict) -> int:
+  """How many trainer processes the spec's pools run (each needs a port)."""
+  return sum(p["replicaCount"] for p in spec["workerPoolSpecs"] if vertex_config.trainer_spec(p))
 
 
 def _artifacts(client, model_uri: str) -> list[str]:

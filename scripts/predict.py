@@ -80,7 +80,7 @@ class SessionModel:
 class TrainingColumns:
   """What training accepted, from the schema the export was trained with (schema.json beside it): each input's
   column name in the data (`mean radius` for the input `mean_radius`), its default for a missing, null or empty
-  value, its type, and the label column (a training row copied verbatim carries it; it is not an input)."""
+  value, and the label column (a training row copied verbatim carries it; it is not an input)."""
 
   def __init__(self, features: list[dict], label: str | None, inputs):
     by_input = {safe_name(f["name"]): f for f in features if safe_name(f["name"]) in inputs}

@@ -17,8 +17,6 @@ from typing import Any, Callable, Collection, Iterator
 
 from scripts import vertex_config
 
-ALGORITHMS = ("ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH")
-SCALES = ("SCALE_TYPE_UNSPECIFIED", "UNIT_LINEAR_SCALE", "UNIT_LOG_SCALE", "UNIT_REVERSE_LOG_SCALE")
 STOPPING_SPECS = ("medianAutomatedStoppingSpec", "decayCurveStoppingSpec", "convexAutomatedStoppingSpec")
 _VALUE_SPECS = {"doubleValueSpec": "double", "integerValueSpec": "integer", "discreteValueSpec": "discrete",
                 "categoricalValueSpec": "categorical"}

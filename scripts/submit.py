@@ -167,13 +167,14 @@ def check_study(body: dict, path: str, *, packages: list[str] = ()) -> bool:
   `packages` (the built --extra_package archives), against the plug-in model they hold. False when the model is a
   plug-in that could not be imported (then only the trainer's own flags were judged)."""
   from scripts import study_spec  # pylint: disable=g-import-not-at-top
+  from scripts.localrun import install  # pylint: disable=g-import-not-at-top
 
   with tempfile.TemporaryDirectory(prefix="study-check-") as site:
     for archive in packages:  # installed as Vertex installs packageUris, to read the model's HPARAMS
-      result = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                               "--no-index", "--target", site, archive], capture_output=True, text=True, check=False)
-      if result.returncode:
-        raise SubmitError(f"installing {archive} to check the study failed: {result.stderr.strip().splitlines()[-1:]}")
+      try:
+        install.pip_install(archive, site, what=f"{archive} to check the study")
+      except install.LocalRunError as e:
+        raise SubmitError(str(e)) from None
     try:
       spec = study_spec.parse(body, path)
       return study_spec.check_trial_values(spec, study_spec.trainer_args(body), site=site if packages else None)
@@ -395,20 +396,10 @@ def _submit(args) -> int:
       upload(local, remote)
       print(f"staged {os.path.basename(local)} -> {remote}", flush=True)
     if serving_build:
-      print(f"building {serving_build['build']['images'][0]} with Cloud Build ...", flush=True)
-      try:
-        built_serving = cloud_build.run_build(cloud_build.build_client(args.api_endpoint), serving_build)
-      except RuntimeError as e:
-        raise SubmitError(f"--build_serving_image: {e}") from None
-      print(f"built {built_serving}", flush=True)
+      built_serving = _build(serving_build, "--build_serving_image", args.api_endpoint)
       container.update(registry.serving_spec(built_serving))  # the model names exactly this build, by digest
     if build_request:
-      print(f"building {build_request['build']['images'][0]} with Cloud Build ...", flush=True)
-      try:
-        built = cloud_build.run_build(cloud_build.build_client(args.api_endpoint), build_request)
-      except RuntimeError as e:
-        raise SubmitError(f"--build_image: {e}") from None
-      print(f"built {built}", flush=True)
+      built = _build(build_request, "--build_image", args.api_endpoint)
       # The job runs exactly this build: the image by digest, in every trainer pool.
       config = vertex_config.load(args.config, {**values, "PACKAGE_URI": uri, "TRAINER_IMAGE": built})
       body = apply_overrides(config, args.args, env)
@@ -433,6 +424,17 @@ def _submit(args) -> int:
         print(f"deployed {model} to {endpoint} (deployed model {deployed_id}, {args.traffic_percent}% of its "
               "traffic)", flush=True)
     return 0
+
+
+def _build(request: dict, flag: str, api_endpoint: str | None) -> str:
+  """Runs one Cloud Build request to its end, saying so; returns the pushed image by digest."""
+  print(f"building {request['build']['images'][0]} with Cloud Build ...", flush=True)
+  try:
+    built = cloud_build.run_build(cloud_build.build_client(api_endpoint), request)
+  except RuntimeError as e:
+    raise SubmitError(f"{flag}: {e}") from None
+  print(f"built {built}", flush=True)
+  return built
 
 
 def _deploy_requests(args, display_name: str):

@@ -15,8 +15,14 @@ def install_package(uri: str, target: str, *, client) -> str:
   bucket, blob = paths.split_gcs_uri(uri)
   archive = os.path.join(os.path.dirname(target), os.path.basename(blob))
   client.bucket(bucket).blob(blob).download_to_filename(archive)
+  pip_install(archive, target, what=uri)
+  return target
+
+
+def pip_install(archive: str, target: str, *, what: str) -> None:
+  """Installs a package archive into `target` as Vertex's executor installs packageUris: no dependencies, no
+  index. A failure is one line, `installing WHAT failed: ` and pip's last line."""
   result = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                            "--no-index", "--target", target, archive], capture_output=True, text=True, check=False)
   if result.returncode:
-    raise LocalRunError(f"installing {uri} failed: {result.stderr.strip().splitlines()[-1:]}")
-  return target
+    raise LocalRunError(f"installing {what} failed: {result.stderr.strip().splitlines()[-1:]}")

@@ -36,19 +36,17 @@ class Tuner:
               else optuna.pruners.NopPruner())
     self._optuna = optuna
     self.study = optuna.create_study(direction=spec.goal.lower(), sampler=sampler, pruner=pruner)
+    self._grid_points: int | None = None
     if spec.algorithm == "GRID_SEARCH":
       # Each point of the grid once (Optuna's GridSampler stops a study itself, which ask/tell cannot take).
-      for point in itertools.product(*(_grid(p) for p in spec.parameters)):
+      points = list(itertools.product(*(_grid(p) for p in spec.parameters)))
+      for point in points:
         self.study.enqueue_trial(dict(zip((p.id for p in spec.parameters), point)))
+      self._grid_points = len(points)
 
   def grid_size(self) -> int | None:
     """How many distinct trials a grid study has (None for other algorithms)."""
-    if self.spec.algorithm != "GRID_SEARCH":
-      return None
-    size = 1
-    for p in self.spec.parameters:
-      size *= len(_grid(p))
-    return size
+    return self._grid_points
 
   def ask(self) -> tuple[Any, dict[str, Any]]:
     """A new trial and its values: every top-level parameter, and each child its parent's value activates."""
