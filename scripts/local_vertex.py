@@ -13,8 +13,8 @@ CLOUD_ML_JOB_ID; the pool's args and env. A pool's N accelerators become N logic
 
 Job semantics: the job succeeds when the chief succeeds (parameter servers and evaluators are then stopped, and a
 peer failing after that is reported, not fatal, as Vertex judges a job by its primary replica); a failing replica
-fails the job at once, with its last lines shown, unless --restart_failed lets it restart like
-a Vertex replica. --preempt=REPLICA@SECONDS sends a Spot preemption (SIGTERM, SIGKILL after
+is restarted up to --restart_failed times (5, as Vertex restarts one), then fails the job with its last lines
+shown; a trainer's bad-input exit 2 fails it at once. --preempt=REPLICA@SECONDS sends a Spot preemption (SIGTERM, SIGKILL after
 --preempt_grace_secs, a restart; the whole job with scheduling.restartJobOnWorkerRestart), and the summary shows
 the step each preempted replica saved and the step it resumed at. Ctrl-C or --timeout_secs stops every child. Logs stream live, prefixed `workerpool1-0 |`,
 and are kept per replica under the job dir.
@@ -47,6 +47,7 @@ from scripts.localrun.install import install_package
 from scripts.localrun.planning import LocalRunError, check_trainer_args, parse_preemptions, plan_replicas, \
     reserve_ports
 from scripts.localrun.report import summary, tail
+from scripts.localrun import supervise as supervise_lib
 from scripts.localrun.supervise import supervise
 from trainer import export
 from trainer import paths
@@ -258,9 +259,9 @@ def _run_study(args, spec: study_spec.StudySpec, job_spec: dict, staged: Staged,
   return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--config", required=True)
+  parser.add_argument("--config")
   parser.add_argument("--bucket", default=os.environ.get("BUCKET", "local-bucket"))
   parser.add_argument("--run_id", default=None)
   parser.add_argument("--args", action="append", default=[], help="extra trainer arg (repeatable)")
@@ -269,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
                       help="your own package for every replica (repeatable): a directory with pyproject.toml or "
                            "setup.py, or a built sdist/wheel; staged and installed beside the trainer")
   parser.add_argument("--replica_count", action="append", default=[], help="POOL=N: run N replicas of pool POOL")
-  parser.add_argument("--restart_failed", type=int, default=0, help="restart a failed replica up to N times")
+  parser.add_argument("--restart_failed", type=int, default=supervise_lib.VERTEX_RESTARTS,
+                      help="restart a failed replica up to N times (Vertex: 5); a trainer's bad-input exit 2 is "
+                           "never restarted")
   parser.add_argument("--timeout_secs", type=float, default=1800, help="stop the job after this long (a study: "
                       "each trial)")
   parser.add_argument("--preempt", action="append", default=[], metavar="REPLICA@SECONDS[,...]",
@@ -285,7 +288,14 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--parallel_trials", type=int, default=None,
                       help="a tuning study: run at most N trials at a time (default: its parallelTrialCount)")
   parser.add_argument("--seed", type=int, default=0, help="a tuning study: the tuner's random seed")
+  return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = build_parser()
   args = parser.parse_args(argv)
+  if not args.config:
+    parser.error("the following arguments are required: --config")
 
   def interrupt(*_):
     raise KeyboardInterrupt  # SIGTERM stops the job like Ctrl-C: every child is stopped

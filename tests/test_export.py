@@ -11,6 +11,7 @@ from trainer import config as config_lib
 from trainer import export
 from trainer import models
 from trainer import schema as schema_lib
+from trainer.errors import UserError
 
 MARKER = "eval_metrics.json"
 
@@ -82,3 +83,30 @@ def test_an_interrupted_exports_staging_dir_is_removed_by_the_next_export(churn_
   export.export_for_role(model, schema, directory, is_chief=True, complete_marker=MARKER)
   assert _siblings(directory) == ["model" if where == "local" else "debris"]
   assert "saved_model.pb" in _listing(directory)
+
+
+def test_an_export_interrupted_while_publishing_is_still_its_runs(churn_data, tmp_path, monkeypatch):
+  """The run record (whose checkpoint dir says whose export the model dir holds) is published before anything
+  else is replaced: a chief killed anywhere in the publishing leaves a model dir its restart may export into
+  again, while another run is still refused (`check_model_dir`)."""
+  directory = str(tmp_path / "model")
+  model, schema = _model(churn_data, 4)
+  record = {"config": {"output": {"checkpoint_dir": str(tmp_path / "checkpoints")}}}
+  copies = []
+  real_copy = tf.io.gfile.copy
+
+  def killed_after_the_first_copy(source, target, overwrite=False):
+    if copies:
+      raise KeyboardInterrupt("killed (injected)")
+    copies.append(target)
+    real_copy(source, target, overwrite=overwrite)
+
+  with monkeypatch.context() as patch:
+    patch.setattr(tf.io.gfile, "copy", killed_after_the_first_copy)
+    with pytest.raises(KeyboardInterrupt):
+      export.export_for_role(model, schema, directory, is_chief=True, complete_marker=MARKER,
+                             side_files={export.RUN_RECORD_FILE: record}, first=(export.RUN_RECORD_FILE,))
+  assert copies == [f"{directory}/{export.RUN_RECORD_FILE}"] and MARKER not in _listing(directory)
+  export.check_model_dir(directory, checkpoint_dir=str(tmp_path / "checkpoints"))  # the restart: its own
+  with pytest.raises(UserError, match=r"holds the export of another run \(its checkpoints in .*/checkpoints\)"):
+    export.check_model_dir(directory, checkpoint_dir=str(tmp_path / "other-run"))

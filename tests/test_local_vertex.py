@@ -115,7 +115,7 @@ def test_crashing_replica_fails_the_job_quickly(staged, gcs, tmp_path):
   job = subprocess.Popen(
       [sys.executable, "-m", "scripts.local_vertex", "--config=cloud_configs/multi_worker_gpu.yaml",
        "--replica_count=1=1", "--args=--train_steps=100000", "--args=--log_every_steps=10", "--bucket=test-bucket",
-       f"--job_dir={job_dir}", "--quiet", "--timeout_secs=400"],
+       f"--job_dir={job_dir}", "--quiet", "--timeout_secs=400", "--restart_failed=0"],
       cwd=procs.REPO, env=procs.trainer_env(gcs.env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
       start_new_session=True)
   try:
@@ -136,7 +136,7 @@ def test_crashing_replica_fails_the_job_quickly(staged, gcs, tmp_path):
       job.wait()
   assert time.monotonic() - killed_at < 60
   assert job.returncode == 2
-  assert "workerpool1-0 (worker) failed with exit code -9" in err, err[-2000:]
+  assert "workerpool1-0 (worker) failed with exit code 137" in err, err[-2000:]  # 128 + SIGKILL, as Vertex says
   assert "--- last lines of workerpool1-0" in err
   assert not _children_of(job_dir)
 
@@ -242,7 +242,7 @@ def test_restarted_replica_resumes_from_its_checkpoint(staged, gcs, tmp_path):
       os.killpg(job.pid, 9)
       job.wait()
   assert job.returncode == 0, out[-2000:] + err[-2000:]
-  assert "workerpool0-0 exited with -9; restarting it (1/1)" in out
+  assert "workerpool0-0 exited with 137; restarting it (1/1)" in out  # 128 + SIGKILL, as a container reports it
   with tf.io.gfile.GFile(f"{base}/model/eval_metrics.json") as f:
     metrics = json.load(f)
   assert metrics["resumed_from_step"] >= 500 and metrics["final_step"] == 3000
@@ -259,25 +259,26 @@ def test_timeout_stops_every_child(staged, tmp_path, capsys):
 
 @pytest.mark.long
 def test_preemptions_in_a_row_lose_no_step(staged, gcs, tmp_path):
-  """Spot preemptions of a multi-worker job, the worker's VM and then the chief's: each replica saves on
-  SIGTERM, its peer stops with it (one MultiWorkerMirrored job), both restart, and the job ends at exactly the
+  """Spot preemptions of a multi-worker job, the worker's VM and then the chief's, with local_vertex's defaults:
+  each replica saves on SIGTERM, its peer stops with it (one MultiWorkerMirrored job), both restart, and the job ends at exactly the
   configured step with one complete export; the summary shows each saved step equal to the step resumed at."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   job_dir = str(tmp_path / "job")
   base = "gs://test-bucket/runs/preempted"
   result = subprocess.run(
       [sys.executable, "-m", "scripts.local_vertex", "--config=cloud_configs/multi_worker_gpu.yaml",
-       "--replica_count=1=1", "--run_id=preempted", "--restart_failed=2", "--preempt=workerpool1-0@45",
+       "--replica_count=1=1", "--run_id=preempted", "--preempt=workerpool1-0@45",
        "--preempt=workerpool0-0@80", "--preempt_grace_secs=30", "--args=--train_steps=16000",
        "--args=--num_cpu_devices=1",
        "--args=--steps_per_loop=10", "--args=--checkpoint_every_steps=100000", "--args=--global_batch_size=32",
        "--args=--eval_steps=4", "--bucket=test-bucket", f"--job_dir={job_dir}", "--quiet", "--timeout_secs=400"],
       cwd=procs.REPO, env=procs.trainer_env(gcs.env), capture_output=True, text=True, timeout=450, check=False)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-  # Each preempted replica exits by itself within the grace (never SIGKILLed): 143, or 1 when the trainer's exit
-  # deadline ended it after the save (a MultiWorkerMirrored chief whose peer already stopped hangs in
-  # TensorFlow's clean-up; see trainer/preemption.py).
-  lines = re.findall(r"^  (workerpool\d-0) @ (\d+) s: exit (?:143|1) after [\d.]+ s, saved step (\d+); resumed at step "
+  # Each preempted replica exits 143 by itself within the grace (never SIGKILLed), also when the trainer's exit
+  # deadline ends it after the save (a MultiWorkerMirrored chief whose peer already stopped hangs in TensorFlow's
+  # clean-up; see trainer/preemption.py). The peer that stopped with it restarts under the default
+  # --restart_failed (5, as on Vertex): no flag is needed for the job to survive its preemptions.
+  lines = re.findall(r"^  (workerpool\d-0) @ (\d+) s: exit 143 after [\d.]+ s, saved step (\d+); resumed at step "
                      r"(\d+)$", result.stdout, re.M)
   assert [(name, at) for name, at, _, _ in lines] == [("workerpool1-0", "45"), ("workerpool0-0", "80")], \
       result.stdout[-3000:]
@@ -310,3 +311,36 @@ def test_the_job_is_the_chiefs_a_peer_failing_after_it_does_not_fail_it(tmp_path
   ok, reason, failed = supervise(early, site=str(tmp_path), base_env=dict(os.environ), timeout_secs=60,
                                  restart_failed=0, quiet=True)
   assert not ok and failed is early[1] and reason == "workerpool1-0 (worker) failed with exit code 1"
+
+
+def test_failed_replicas_restart_as_on_vertex_but_bad_input_fails_at_once(tmp_path, capsys):
+  """The default --restart_failed is Vertex's 5 restarts per replica; the trainer's bad-input exit 2 is not
+  restarted (the same input fails the same way); a process ended by a signal reports as a container does."""
+  from scripts.localrun.supervise import supervise  # pylint: disable=g-import-not-at-top
+  from scripts import local_vertex  # pylint: disable=g-import-not-at-top
+
+  assert local_vertex.build_parser().parse_args([]).restart_failed == 5
+
+  def job(worker_code, name):
+    counter = tmp_path / f"{name}.count"
+    # The worker fails until its third start, then succeeds; the chief waits for it to have succeeded.
+    worker = (f"import os, sys; p = {str(counter)!r}; n = int(open(p).read()) + 1 if os.path.exists(p) else 1; "
+              f"open(p, 'w').write(str(n)); sys.exit({worker_code} if n < 3 else 0)")
+    chief = f"import os, time\nwhile not os.path.exists({str(counter)!r}) or open({str(counter)!r}).read() != '3': time.sleep(0.05)"
+    return [planning.Replica(pool=pool, index=0, task_type=task, args=[], env={},
+                             log_path=str(tmp_path / f"{name}-{task}.log"), command=("python3", "-c", code))
+            for pool, (task, code) in enumerate([("chief", chief), ("worker", worker)])]
+
+  ok, reason, _ = supervise(job(1, "crash"), site=str(tmp_path), base_env=dict(os.environ), timeout_secs=60,
+                            restart_failed=5, quiet=True)
+  assert (ok, reason) == (True, "the chief succeeded")
+  assert "workerpool1-0 exited with 1; restarting it (2/5)" in capsys.readouterr().out
+  replicas = job(2, "bad-input")
+  ok, reason, failed = supervise(replicas, site=str(tmp_path), base_env=dict(os.environ), timeout_secs=60,
+                                 restart_failed=5, quiet=True)
+  assert not ok and failed is replicas[1] and reason == "workerpool1-0 (worker) failed with exit code 2 (bad input)"
+  replicas = job(-9, "killed")
+  replicas[1].command = ("python3", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+  ok, reason, _ = supervise(replicas, site=str(tmp_path), base_env=dict(os.environ), timeout_secs=60,
+                            restart_failed=0, quiet=True)
+  assert not ok and reason == "workerpool1-0 (worker) failed with exit code 137"

@@ -131,3 +131,32 @@ def test_the_timeout_message_names_the_wait_and_the_missing_peers():
       "worker:1 waited 12 s for the next training chunk: chief:0 (10.0.0.2:2222) not reachable; raise "
       "--peer_timeout_secs if replicas start this far apart")
   assert "every peer accepts connections" in peers.timeout_message(role, 5, "the peers to join", [])
+
+
+def test_a_sigterm_held_back_in_a_wait_for_peers_ends_the_process(capfd):
+  """The trainer holds SIGTERM until its strategy exists (TensorFlow's coordination service would swallow it);
+  a replica stuck in the strategy's wait for peers is ended by the watchdog 2 s after the signal, not 30 s
+  later by the SIGKILL. A real process with SIGTERM blocked shows the pending signal as /proc reports it."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+
+  held = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.pthread_sigmask(signal.SIG_BLOCK, "
+                           "{signal.SIGTERM}); print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE)
+  try:
+    assert held.stdout.readline() == b"held\n"
+    assert not peers.sigterm_pending(held.pid)
+    os.kill(held.pid, signal.SIGTERM)
+    time.sleep(0.2)
+    assert peers.sigterm_pending(held.pid) and held.poll() is None  # blocked: it waits, the process runs on
+    role = cluster_lib.ClusterRole(task_type="worker", task_index=0, cluster={"worker": ["127.0.0.1:1"]}, source="t")
+    read_end, write_end = os.pipe()
+    started = time.monotonic()
+    with os.fdopen(read_end, "rb", buffering=0) as feeds:
+      assert peers.watch(held.pid, 600, role, feeds) is True
+    os.close(write_end)
+    assert held.wait(timeout=10) == -signal.SIGKILL
+    assert peers.SIGTERM_WAIT_SECS <= time.monotonic() - started < peers.SIGTERM_WAIT_SECS + 2
+    assert "worker:0 got SIGTERM while it waited for the peers to join: nothing was trained" in capfd.readouterr().err
+  finally:
+    held.kill()
+    held.wait()

@@ -130,3 +130,151 @@ def test_sigterm_to_one_multi_worker_replica_saves_on_all(churn_data, tmp_path, 
       "MultiWorkerMirroredStrategy", step, step + 50)
   digests = [re.findall(r'"weights_sha256": "([0-9a-f]{64})"', log)[-1] for log in (chief_log, worker_log)]
   assert digests[0] == digests[1]
+
+
+def _checkpoint_at(churn_data, out, step):
+  """A run that saved at `step` (one process), for the multi-worker runs below to restore."""
+  result = procs.run_trainer(_args(churn_data) + [f"--output_dir={out}", f"--train_steps={step}"])
+  assert result.returncode == 0, result.stderr[-3000:]
+
+
+def _trained_steps(log):
+  return [int(s) for s in re.findall(r"\bstep (\d+)/", log)]
+
+
+@pytest.mark.parametrize("when", ["start", "waiting for the chief", "restore"])
+def test_sigterm_during_multi_worker_start_up_is_honoured(churn_data, tmp_path, when):
+  """A SIGTERM anywhere in a MultiWorkerMirrored replica's start-up (imports and pre-flight, the strategy's wait for
+  its peers, where TensorFlow's coordination service installs a handler that swallows it, the restore) ends it
+  within seconds without training a step: 0 steps lost, where before it trained on and lost them to the SIGKILL."""
+  out = tmp_path / "out"
+  _checkpoint_at(churn_data, out, 100)
+  chief, worker = procs.addresses(2)
+  cluster = {"chief": [chief], "worker": [worker]}
+  args = _args(churn_data, "--steps_per_loop=10", "--peer_timeout_secs=120") + [f"--output_dir={out}",
+                                                                                "--train_steps=1000000"]
+  envs = {name: {"TF_CONFIG": procs.tf_config(cluster, name, 0)} for name in ("chief", "worker")}
+  worker_log = os.path.join(tmp_path, "worker.log")
+  with procs.cluster(str(tmp_path)) as c:
+    c.start("worker", args, envs["worker"])
+    if when == "start":
+      time.sleep(1.0)  # Python and TensorFlow are still importing: the trainer holds SIGTERM from its first line
+    elif when == "waiting for the chief":
+      _wait_for(worker_log, "Config: ", c.procs["worker"])
+      time.sleep(6)  # pre-flight of this data takes about a second: the worker now waits for the chief to join
+    else:
+      c.start("chief", args, envs["chief"])
+      _wait_for(worker_log, "Resuming at step 100 of 1000000", c.procs["worker"])
+    signaled = time.monotonic()
+    os.kill(c.procs["worker"].pid, signal.SIGTERM)
+    code = c.wait(["worker"], 25)["worker"]  # Spot gives about 30 s before the SIGKILL
+    took = time.monotonic() - signaled
+    log = c.log("worker")
+  assert took < 15, f"the worker ended {took:.1f} s after SIGTERM\n{log[-3000:]}"
+  if when == "waiting for the chief":  # held back inside TensorFlow's wait: the watchdog ends it, saying why
+    assert code == -signal.SIGKILL and "got SIGTERM while it waited for the peers to join" in log, log[-3000:]
+  else:
+    assert code in (143, -signal.SIGTERM), log[-3000:]
+  if when == "start" and code == 143:  # held from the entry's first line, delivered once pre-flight is done
+    assert "SIGTERM arrived during pre-flight: nothing was trained since the last checkpoint" in log, log[-3000:]
+  assert not [s for s in _trained_steps(log) if s > 100], log[-3000:]  # nothing trained after the SIGTERM
+  assert "Traceback" not in log, log[-3000:]
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  assert tf.train.latest_checkpoint(str(out / "checkpoints")).endswith("ckpt-100")
+
+
+@pytest.mark.long
+def test_chief_preempted_in_the_final_evaluation_the_job_still_succeeds(churn_data, tmp_path):
+  """The chief of a MultiWorkerMirrored job is preempted after its final checkpoint, inside the final evaluation
+  (made long here: eager, small batches, the training files as eval data). The worker, blocked in the
+  evaluation's collective, stops as a preempted peer (exit 143, no traceback); both restart as Vertex restarts
+  them, the chief exports alone from the final checkpoint and exits 0, the worker has nothing left to do."""
+  out = tmp_path / "out"
+  chief, worker = procs.addresses(2)
+  cluster = {"chief": [chief], "worker": [worker]}
+  args = [f"--train_data={churn_data}/train/*.tfrecord", f"--eval_data={churn_data}/train/*.tfrecord",
+          "--global_batch_size=8", "--train_steps=60", "--steps_per_loop=10", "--log_every_steps=10",
+          "--run_eagerly", "--peer_timeout_secs=120", f"--output_dir={out}"]
+  envs = {name: {"TF_CONFIG": procs.tf_config(cluster, name, 0)} for name in ("chief", "worker")}
+  with procs.cluster(str(tmp_path)) as c:
+    for name in ("chief", "worker"):
+      c.start(name, args, envs[name])
+    deadline = time.monotonic() + TIMEOUT
+    while not os.path.exists(out / "checkpoints" / "ckpt-60.index"):  # the final checkpoint: the evaluation follows
+      assert time.monotonic() < deadline and c.procs["chief"].poll() is None, c.log("chief")[-3000:]
+      time.sleep(0.02)
+    time.sleep(0.5)
+    os.kill(c.procs["chief"].pid, signal.SIGTERM)
+    codes = c.wait(["chief", "worker"], 60)
+    first_chief, first_worker = c.log("chief"), c.log("worker")
+  assert codes["chief"] == -signal.SIGTERM, first_chief[-3000:]  # ended at once: nothing left unsaved
+  assert "Final metrics" not in first_chief and not os.path.exists(out / "model")
+  assert codes["worker"] == 143, first_worker[-3000:]
+  assert re.search(r"Preempted \(a peer replica stopped during training or evaluation", first_worker), \
+      first_worker[-3000:]
+  assert "Traceback" not in first_worker, first_worker[-3000:]
+  with procs.cluster(str(tmp_path)) as c:  # Vertex restarts both
+    for name in ("chief", "worker"):
+      c.start(name, args, envs[name])
+    codes = c.wait(["chief", "worker"], TIMEOUT)
+    chief_log, worker_log = c.log("chief"), c.log("worker")
+  assert codes == {"chief": 0, "worker": 0}, chief_log[-3000:] + worker_log[-3000:]
+  assert "evaluating and exporting alone" in chief_log and "has nothing left to do" in worker_log
+  assert json.load(open(out / "model" / "eval_metrics.json"))["final_step"] == 60
+  assert [p for p in os.listdir(tmp_path / "out") if ".staging-" in p] == []
+
+
+@pytest.mark.long
+def test_an_epochs_chief_killed_in_the_export_exports_alone_when_restarted(churn_data, tmp_path):
+  """--epochs, kill -9 of the MultiWorkerMirrored chief inside its export (its staging dir exists): restarted, the
+  chief takes the final step from the run record written when the run started and exports alone within 60 s
+  (before: it waited 900 s for peers that had finished, again on every restart); the restarted worker has nothing
+  left to do; the staging dir the kill left is gone."""
+  out = tmp_path / "out"
+  chief, worker = procs.addresses(2)
+  cluster = {"chief": [chief], "worker": [worker]}
+  args = _args(churn_data, "--steps_per_loop=10", "--peer_timeout_secs=600") + [f"--output_dir={out}",
+                                                                                "--epochs=2"]
+  envs = {name: {"TF_CONFIG": procs.tf_config(cluster, name, 0)} for name in ("chief", "worker")}
+  with procs.cluster(str(tmp_path)) as c:
+    for name in ("chief", "worker"):
+      c.start(name, args, envs[name])
+    deadline = time.monotonic() + TIMEOUT
+    while not (out.exists() and [p for p in os.listdir(out) if p.startswith("model.staging-")]):
+      assert time.monotonic() < deadline and c.procs["chief"].poll() is None, c.log("chief")[-3000:]
+      time.sleep(0.01)
+    c.kill("chief")  # SIGKILL inside the export
+    c.wait(["worker"], 60)
+  assert [p for p in os.listdir(out) if p.startswith("model.staging-")], "the kill came after the export"
+  assert not (out / "model" / "eval_metrics.json").exists()
+  restarted = time.monotonic()
+  with procs.cluster(str(tmp_path)) as c:
+    for name in ("chief", "worker"):
+      c.start(name, args, envs[name])
+    codes = c.wait(["chief", "worker"], 60)
+    took = time.monotonic() - restarted
+    chief_log, worker_log = c.log("chief"), c.log("worker")
+  assert codes == {"chief": 0, "worker": 0}, chief_log[-3000:] + worker_log[-3000:]
+  assert "evaluating and exporting alone" in chief_log and "has nothing left to do" in worker_log
+  metrics = json.load(open(out / "model" / "eval_metrics.json"))
+  assert metrics["final_step"] == 2 * 4000 // 64 and metrics["strategy"] == "default"
+  assert [p for p in os.listdir(out) if ".staging-" in p] == []
+  assert took < 60
+
+
+def test_what_counts_as_a_lost_peer():
+  """Only a collective or coordination error that says a peer went away; a storage outage or a bug passes."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  from trainer import preemption  # pylint: disable=g-import-not-at-top
+
+  aborted = tf.errors.UnavailableError(None, None, "{{function_node __wrapped__CollectiveReduceV2_Nordering_token_1}}"
+                                       " Collective ops is aborted by: recvmsg:Connection reset by peer")
+  lost = preemption.peer_lost(aborted, where="the evaluation")
+  assert str(lost) == ("a peer replica stopped during the evaluation (Collective ops is aborted by: "
+                       "recvmsg:Connection reset by peer)")
+  outage = tf.errors.UnavailableError(None, None, "Error executing an HTTP request: libcurl code 7 ... when "
+                                      "reading gs://bucket/data/train-0.tfrecord")
+  assert preemption.peer_lost(outage, where="training") is None
+  assert preemption.peer_lost(tf.errors.InvalidArgumentError(None, None, "Incompatible shapes: [8] vs. [4]"),
+                              where="training") is None

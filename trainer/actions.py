@@ -24,7 +24,7 @@ from trainer.errors import UserError
 from trainer.job import Job
 
 
-def standard_actions(job: Job, *, keeper: checkpoints.CheckpointKeeper, log: "TrainLog", guard: "LossGuard",
+def standard_actions(job: Job, *, model, keeper: checkpoints.CheckpointKeeper, log: "TrainLog", guard: "LossGuard",
                      periodic: evaluation.PeriodicEvaluation | None,
                      watcher: preemption.SigtermWatcher | None) -> list[loop_lib.PeriodicAction]:
   """The actions every loop fires, in the order above, with the cadences the flags name."""
@@ -36,11 +36,37 @@ def standard_actions(job: Job, *, keeper: checkpoints.CheckpointKeeper, log: "Tr
   ]
   if periodic is not None:
     actions.append(loop_lib.PeriodicAction("evaluate", periodic, every_steps=cfg.eval_every_steps))
-  actions.append(loop_lib.PeriodicAction("checkpoint", lambda state: keeper.save(state.step),
+  actions.append(loop_lib.PeriodicAction("checkpoint", lambda state: guarded_save(keeper, model, state.step),
                                          every_steps=cfg.checkpoint_every_steps, every_secs=cfg.checkpoint_every_secs))
   if watcher is not None:
-    actions.append(preemption_action(watcher, keeper))
+    actions.append(preemption_action(watcher, keeper, model))
   return actions
+
+
+def check_finite_weights(model, *, step: int, what: str = "checkpointed or exported") -> None:
+  """Refuses weights holding a NaN or infinity (`UserError`): the loss can stay finite while they are not (a NaN
+  input row makes kernel rows NaN and ReLU hides them), so the loss guard alone would let them be saved."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  bad = []
+  for weight in model.weights:
+    value = tf.convert_to_tensor(weight)
+    if not value.dtype.is_floating:
+      continue
+    finite = tf.math.is_finite(value)
+    if not bool(tf.reduce_all(finite)):
+      count = int(tf.size(value)) - int(tf.reduce_sum(tf.cast(finite, tf.int32)))
+      bad.append(f"{getattr(weight, 'path', None) or weight.name}: {count} of {int(tf.size(value))} values")
+  if bad:
+    raise UserError(f"the model's weights hold NaN or infinite values at step {step} ({'; '.join(bad[:3])}"
+                    f"{'; ...' if len(bad) > 3 else ''}); nothing from this run since its last checkpoint is {what}; "
+                    "look for NaN or inf in the data (features or labels), or lower --learning_rate")
+
+
+def guarded_save(keeper: checkpoints.CheckpointKeeper, model, step: int) -> str | None:
+  """The checkpoint at `step`, never of non-finite weights."""
+  check_finite_weights(model, step=step)
+  return keeper.save(step)
 
 
 class TrainLog:
@@ -80,12 +106,12 @@ class LossGuard:
     self._checked_step = state.step
 
 
-def preemption_action(watcher: preemption.SigtermWatcher,
-                      keeper: checkpoints.CheckpointKeeper) -> loop_lib.PeriodicAction:
+def preemption_action(watcher: preemption.SigtermWatcher, keeper: checkpoints.CheckpointKeeper,
+                      model) -> loop_lib.PeriodicAction:
   """Saves at the step reached and stops with `Preempted` once SIGTERM arrived, here or (agreed) on a peer."""
 
   def save_and_stop(state: loop_lib.LoopState) -> None:
-    saved = keeper.save(state.step)
+    saved = guarded_save(keeper, model, state.step)
     preemption.exit_within()  # the save is done; the exit must not wait on peers that already stopped
     raise preemption.Preempted(state.step, saved, on_peer=not watcher.requested)
 

@@ -28,14 +28,13 @@ from trainer import paths
 from trainer import predict_schemata
 from trainer import schema as schema_lib
 from trainer import storage
+from trainer.errors import UserError
 
 # Beside the SavedModel: the metrics (written last: their presence means the export is complete), the resolved run
-# (config, schema, plan), the schema the export serves with (the format --schema reads, inferred ones included),
+# (config, schema, plan; published first: it says whose export the dir holds), the schema the export serves with (the format --schema reads, inferred ones included),
 # and what Model Registry shows as the request and response (OpenAPI schemata; JSON is YAML).
 METRICS_FILE = "eval_metrics.json"
 RUN_RECORD_FILE = "trainer_config.json"
-SIDE_FILES = (RUN_RECORD_FILE, schema_lib.SCHEMA_FILE, predict_schemata.INSTANCE_FILE,
-              predict_schemata.PREDICTION_FILE)
 
 
 def serving_root(model, schema: schema_lib.Schema):
@@ -99,15 +98,24 @@ def export_saved_model(model, schema: schema_lib.Schema, directory: str) -> None
 _EXPORT_ENTRIES = ("saved_model.pb", "saved_model.pbtxt", "fingerprint.pb", "variables", "assets", "assets.extra")
 
 
-def _publish(staging: str, directory: str, *, complete_marker: str, replaced: tuple[str, ...]) -> None:
-  """Copies the staged export into `directory` (local or gs://: one code path; an export is a few files)."""
+def _publish(staging: str, directory: str, *, complete_marker: str, replaced: tuple[str, ...],
+             first: tuple[str, ...] = ()) -> None:
+  """Copies the staged export into `directory` (local or gs://: one code path; an export is a few files).
+
+  The `first` entries (the run record, which says whose export this is) are copied right after the marker is
+  removed, before anything else changes: a restart after a kill anywhere in here finds its own run's record."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   marker = paths.join_path(directory, complete_marker)
   if tf.io.gfile.exists(marker):
     tf.io.gfile.remove(marker)  # first: from here until the runner writes it again, this is no result
+  tf.io.gfile.makedirs(directory)
+  for name in first:
+    tf.io.gfile.copy(paths.join_path(staging, name), paths.join_path(directory, name), overwrite=True)
   for name in replaced:
     path = paths.join_path(directory, name)
+    if name in first:
+      continue
     if tf.io.gfile.isdir(path):
       storage.remove_tree(path)
     elif tf.io.gfile.exists(path):
@@ -117,7 +125,8 @@ def _publish(staging: str, directory: str, *, complete_marker: str, replaced: tu
     target = paths.join_path(directory, relative) if relative else directory
     tf.io.gfile.makedirs(target)
     for name in files:
-      tf.io.gfile.copy(paths.join_path(root, name), paths.join_path(target, name), overwrite=True)
+      if relative or name not in first:
+        tf.io.gfile.copy(paths.join_path(root, name), paths.join_path(target, name), overwrite=True)
 
 
 def _remove_stale_staging(directory: str) -> None:
@@ -133,7 +142,8 @@ def _remove_stale_staging(directory: str) -> None:
 
 
 def export_for_role(model, schema: schema_lib.Schema, directory: str, *, is_chief: bool,
-                    complete_marker: str, extra_entries: tuple[str, ...] = ()) -> str | None:
+                    complete_marker: str, side_files: dict[str, Any] | None = None,
+                    first: tuple[str, ...] = ()) -> str | None:
   """Exports on every worker (saving may run collectives); only the chief's export is kept.
 
   The chief writes to a fresh staging dir beside `directory` and publishes only a complete export: a failed
@@ -146,7 +156,10 @@ def export_for_role(model, schema: schema_lib.Schema, directory: str, *, is_chie
     staging = f"{directory.rstrip('/')}.staging-{uuid.uuid4().hex[:8]}"
     export_saved_model(model, schema, staging)  # removes the staging dir itself on failure
     try:
-      _publish(staging, directory, complete_marker=complete_marker, replaced=_EXPORT_ENTRIES + extra_entries)
+      for name, value in (side_files or {}).items():
+        storage.write_json(paths.join_path(staging, name), value)
+      _publish(staging, directory, complete_marker=complete_marker,
+               replaced=_EXPORT_ENTRIES + tuple(side_files or ()), first=first)
     finally:
       storage.remove_tree(staging)
     return directory
@@ -158,19 +171,43 @@ def export_for_role(model, schema: schema_lib.Schema, directory: str, *, is_chie
   return None
 
 
+def check_model_dir(directory: str, *, checkpoint_dir: str) -> None:
+  """--model_dir holding another run's export is refused, as a checkpoint dir held by another job is (`ownership`):
+  the export would replace it and exit 0. The run an export belongs to is the checkpoint dir its run record
+  names; the same run (a restart, a re-export) may replace its own."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  record_path = paths.join_path(directory, RUN_RECORD_FILE)
+  if not any(tf.io.gfile.exists(paths.join_path(directory, name))
+             for name in ("saved_model.pb", METRICS_FILE, RUN_RECORD_FILE)):
+    return
+  owner = None
+  if tf.io.gfile.exists(record_path):
+    try:
+      owner = storage.read_json(record_path).get("config", {}).get("output", {}).get("checkpoint_dir")
+    except (ValueError, AttributeError):
+      owner = None
+  if owner == checkpoint_dir:
+    return
+  whose = (f"the export of another run (its checkpoints in {owner})" if owner
+           else "a SavedModel this trainer did not write")
+  raise UserError(f"--model_dir: {directory} holds {whose}; this run would replace it: give this run its own "
+                  "--model_dir (or --output_dir), or remove that export first")
+
+
 def publish(model, schema: schema_lib.Schema, directory: str, *, is_chief: bool, run_record: dict[str, Any],
             metrics: dict[str, Any]) -> str | None:
-  """The run's result in `directory`: the SavedModel (`export_for_role`: every worker exports, the chief's is
-  kept), then the side files, the metrics file last, so a model dir with metrics holds a complete result.
-  Returns the directory on the chief, None elsewhere."""
+  """The run's result in `directory`: the SavedModel and the side files staged together (`export_for_role`: every
+  worker exports, the chief's is kept; the run record is published first), then the metrics file last, so a model
+  dir with metrics holds a complete result.
+  Returns the directory on the chief, None elsewhere. Another run's export there is refused (`check_model_dir`)."""
+  if is_chief:
+    check_model_dir(directory, checkpoint_dir=run_record["config"]["output"]["checkpoint_dir"])
+  side_files = {RUN_RECORD_FILE: run_record, schema_lib.SCHEMA_FILE: schema.to_dict(),
+                predict_schemata.INSTANCE_FILE: predict_schemata.instance_schema(schema),
+                predict_schemata.PREDICTION_FILE: predict_schemata.prediction_schema(schema)}
   exported = export_for_role(model, schema, directory, is_chief=is_chief, complete_marker=METRICS_FILE,
-                             extra_entries=SIDE_FILES)
+                             side_files=side_files if is_chief else None, first=(RUN_RECORD_FILE,))
   if exported:
-    storage.write_json(paths.join_path(exported, RUN_RECORD_FILE), run_record)
-    storage.write_json(paths.join_path(exported, schema_lib.SCHEMA_FILE), schema.to_dict())
-    storage.write_json(paths.join_path(exported, predict_schemata.INSTANCE_FILE),
-                       predict_schemata.instance_schema(schema))
-    storage.write_json(paths.join_path(exported, predict_schemata.PREDICTION_FILE),
-                       predict_schemata.prediction_schema(schema))
     storage.write_json(paths.join_path(exported, METRICS_FILE), metrics)
   return exported

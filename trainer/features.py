@@ -16,6 +16,7 @@ CHECK_PREFIX = DATA_CHECK_PREFIX
 # The check that no CSV row read line by line has more fields than the columns (`input_pipeline`): when Python's
 # csv reader then finds every row whole, a quoted field broke a line (`data_errors`).
 CSV_LONG_ROW = "a CSV row has more fields than the columns"
+NON_FINITE = "a NaN or infinite number"
 # Ends each class name of a multi-label label as the input pipeline parses it: one dense string per record
 # ("cat\x1fdog\x1f"), which batches and shuffles like any string column.
 CLASS_SEPARATOR = "\x1f"

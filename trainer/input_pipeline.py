@@ -106,7 +106,7 @@ def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, source: form
                                if input_context is not None else 1)
       ds = ds.take(max_batches * max(1, replicas_per_pipeline))
     encoder = features_lib.FeatureEncoder(schema)  # built here: ParameterServerStrategy needs tables made inside dataset_fn
-    parse = _batch_parser(schema, source, csv_layout)
+    parse = _finite_checked(_batch_parser(schema, source, csv_layout))
 
     def encode(columns, target):
       encoded = encoder.encode_records(columns), encoder.encode_label(target)
@@ -282,6 +282,30 @@ def tfrecord_parse_spec(schema: schema_lib.Schema) -> dict[str, Any]:
     spec[f.name] = tf.io.FixedLenFeature(shape, tf.as_dtype(kind.parse_dtype(f)), default_value=default)
   spec[schema.label.name] = tf.io.FixedLenFeature([], tf.as_dtype(schema_lib.PARSE_DTYPES[schema.label.type]))
   return spec
+
+
+def _finite_checked(parse: Callable) -> Callable:
+  """`parse`, failing on a NaN or infinite number in any column or the label. One would train on silently: a NaN
+  feature makes its rows of the first kernel NaN while ReLU turns the NaN activations into 0, so the loss stays
+  finite (measured: exit 0, 64 of 768 kernel values NaN, AUC 0.5). The error names the column; `data_errors`
+  then finds the file and record."""
+
+  def parse_and_check(*batch):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    columns, target = parse(*batch)
+    checks = []
+    for name, values in (*columns.items(), ("label", target)):
+      if isinstance(values, tf.Tensor) and values.dtype.is_floating:
+        checks.append(tf.debugging.Assert(tf.reduce_all(tf.math.is_finite(values)), [
+            f"{features_lib.CHECK_PREFIX} {features_lib.NON_FINITE} in column {name!r}"]))
+    if not checks:
+      return columns, target
+    with tf.control_dependencies(checks):
+      checked = lambda v: tf.identity(v) if isinstance(v, tf.Tensor) else v  # noqa: E731
+      return {k: checked(v) for k, v in columns.items()}, checked(target)
+
+  return parse_and_check
 
 
 def _batch_parser(schema: schema_lib.Schema, source: formats.Source, csv_layout):

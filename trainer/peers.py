@@ -97,15 +97,46 @@ class PeerWatchdog:
       self._child = None
 
 
+def sigterm_pending(pid: int) -> bool:
+  """Whether a SIGTERM waits, blocked, in process `pid` (Linux /proc; False elsewhere)."""
+  try:
+    with open(f"/proc/{pid}/status") as f:
+      for line in f:
+        if line.startswith("ShdPnd:"):
+          return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+  except (OSError, ValueError, IndexError):
+    pass
+  return False
+
+
+# The trainer holds SIGTERM back until its strategy exists (`preemption.hold_sigterm`: TensorFlow's coordination
+# service would swallow it). A SIGTERM still waiting this long means the process is stuck in a wait for peers,
+# where nothing is trained: it is ended now rather than by the SIGKILL 30 s after the SIGTERM.
+SIGTERM_WAIT_SECS = 2.0
+
+
 def watch(target_pid: int, timeout_secs: float, role: cluster_lib.ClusterRole, feeds: BinaryIO, *,
           kill: Callable[[int], None] = lambda pid: os.kill(pid, signal.SIGKILL),
-          clock: Callable[[], float] = time.monotonic) -> bool:
+          clock: Callable[[], float] = time.monotonic,
+          pending: Callable[[int], bool] = sigterm_pending) -> bool:
   """The child's loop: reads feeds (one line each, naming the next wait) until `feeds` closes (returns False)
-  or none came for `timeout_secs` (writes the error line, kills the target, returns True)."""
+  or none came for `timeout_secs` (writes the error line, kills the target, returns True), or a SIGTERM has
+  waited SIGTERM_WAIT_SECS in the target (writes a line, kills it, returns True)."""
   what, fed_at = "the peers to join", clock()
+  pending_since = None
   while True:
     left = timeout_secs - (clock() - fed_at)
-    readable, _, _ = select.select([feeds], [], [], max(0.0, left))
+    readable, _, _ = select.select([feeds], [], [], min(0.5, max(0.0, left)))
+    if pending(target_pid):
+      pending_since = clock() if pending_since is None else pending_since
+      if clock() - pending_since >= SIGTERM_WAIT_SECS:
+        sys.stderr.write(f"{role.task_type}:{role.task_index} got SIGTERM while it waited for {what}: nothing was "
+                         "trained since the last checkpoint; ending it now (exit 137), as the SIGKILL would\n")
+        sys.stderr.flush()
+        kill(target_pid)
+        return True
+    else:
+      pending_since = None
     if readable:
       data = os.read(feeds.fileno(), 65536)
       if not data:
@@ -121,6 +152,7 @@ def watch(target_pid: int, timeout_secs: float, role: cluster_lib.ClusterRole, f
 
 
 if __name__ == "__main__":
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # the trainer's hold is inherited; not ours to keep
   _pid, _timeout, _role = int(sys.argv[1]), float(sys.argv[2]), json.loads(sys.argv[3])
   watch(_pid, _timeout, cluster_lib.ClusterRole(task_type=_role["task_type"], task_index=_role["task_index"],
                                                 cluster=_role["cluster"], source="watchdog"), sys.stdin.buffer)

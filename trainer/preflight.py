@@ -9,12 +9,14 @@ records counted for --epochs; failures are one-line `UserError`s. When training 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from absl import logging
 
 from trainer import config as config_lib
 from trainer import export
+from trainer import features as features_lib
 from trainer import formats
 from trainer import paths
 from trainer import recipe
@@ -370,6 +372,8 @@ def _value_problem(name, kind, value, feature, label, source) -> str | None:
   textual = kind in ("string", "text")
   if source.format == "csv":
     if not textual and not formats.is_number(value):
+      if _non_finite_text(value):
+        return _non_finite(what, name, value, feature)
       return f"column {name!r} holds {value!r}, but the schema says {kind}"
     if not textual:
       value = float(value)
@@ -379,7 +383,13 @@ def _value_problem(name, kind, value, feature, label, source) -> str | None:
       if not (isinstance(value, list) and len(value) == count
               and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
         return f"column {name!r} holds {str(value)[:40]}; the schema expects a list of {count} numbers"
-      return None
+      bad = next((v for v in value if not math.isfinite(v)), None)
+      return None if bad is None else _non_finite(what, name, bad, feature)
+  if not textual:
+    numbers = value if isinstance(value, list) else [value]
+    bad = next((v for v in numbers if isinstance(v, float) and not math.isfinite(v)), None)
+    if bad is not None:
+      return _non_finite(what, name, bad, feature)
     if textual:
       if not isinstance(value, str) and not (source.format == "parquet" and isinstance(value, int)):
         return f"column {name!r} holds {value!r}, but the schema says {kind} (a string)"
@@ -394,6 +404,20 @@ def _value_problem(name, kind, value, feature, label, source) -> str | None:
     elif label.num_classes is not None and not (float(value) == int(value) and 0 <= value < label.num_classes):
       return f"label {name!r} holds {value!r}; class ids are 0..{label.num_classes - 1}"
   return None
+
+
+def _non_finite_text(text: str) -> bool:
+  try:
+    return not math.isfinite(float(text))
+  except ValueError:
+    return False
+
+
+def _non_finite(what: str, name: str, value: Any, feature) -> str:
+  """A NaN or infinity would train on silently into a NaN model: refused, with what to write instead."""
+  instead = ("leave the value out for the schema's default" if feature is not None and feature.default is not None
+             else "remove the record or give the column a value")
+  return f"{what} {name!r} holds {value!r}, {features_lib.NON_FINITE}; {instead}"
 
 
 def total_steps(config: config_lib.Config, inputs: Inputs) -> int:

@@ -22,6 +22,7 @@ from typing import Any, TextIO
 from absl import logging
 
 from trainer import __version__ as trainer_version
+from trainer import actions
 from trainer import checkpoints
 from trainer import cluster as cluster_lib
 from trainer import config as config_lib
@@ -33,6 +34,7 @@ from trainer import hypertune
 from trainer import models
 from trainer import parquet
 from trainer import plan as plan_lib
+from trainer import preemption
 from trainer import preflight
 from trainer import servers
 from trainer import storage
@@ -52,6 +54,9 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
     stdout.write(json.dumps(plan.to_dict(config), sort_keys=True) + "\n")
     stdout.flush()
     return {}
+  if not plan.choice.multi_process:
+    # No coordination service, so no library handler to outlast: SIGTERM ends this process at once from here on.
+    preemption.release_sigterm("before pre-flight")
   role = plan.role
   logging.info("Trainer %s from %s", trainer_version, os.path.dirname(os.path.abspath(__file__)))
   logging.info("Role: %s:%d of %s (chief=%s, %d training process(es), %d ps; from %s)", role.task_type,
@@ -72,7 +77,9 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
     for flag, path in (("--model_dir", config.output.model_dir), ("--checkpoint_dir", config.output.checkpoint_dir),
                        ("--tensorboard_dir", config.output.tensorboard_dir)):
       storage.check_writable(path, flag=flag)
+    export.check_model_dir(config.output.model_dir, checkpoint_dir=config.output.checkpoint_dir)
   models.resolve_builder(config.model.name)  # a --model that does not import fails here, before any wait
+  preemption.honour_pending_sigterm("during pre-flight")
   plan = _when_training_is_done(plan, config)
   if plan is None:
     return {}
@@ -92,6 +99,25 @@ def _claim_run_dir(plan: plan_lib.Plan, env: config_lib.Environment, config: con
   return ownership.Claim(config.output.checkpoint_dir, job_id=env.job_id)
 
 
+@contextlib.contextmanager
+def _peers_may_vanish(plan: plan_lib.Plan, where: str):
+  """Under MultiWorkerMirroredStrategy a collective fails when a peer is gone (its chief preempted during the
+  final evaluation): this replica then stops as a preempted peer (`preemption.PeerLost`, exit 143), not with a
+  traceback. Parameter-server chiefs name a lost server themselves (`ps_source`); one process has no peers."""
+  if plan.choice.name != "multi_worker_mirrored":
+    yield
+    return
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  try:
+    yield
+  except tf.errors.OpError as error:
+    lost = None if storage.storage_failure(error) else preemption.peer_lost(error, where=where)
+    if lost is None:
+      raise  # a storage outage is told by `task` (one line naming the bucket); anything else unchanged
+    raise lost from None
+
+
 def _peer_watchdog(plan: plan_lib.Plan, config: config_lib.Config):
   """Bounds the waits for peers (start-up, every chunk, the evaluation) in a multi-process job's chief and
   workers; the side-car evaluator only reads checkpoints."""
@@ -108,6 +134,7 @@ def _build_and_train(config: config_lib.Config, env: config_lib.Environment, pla
   role, schema = plan.role, inputs.schema
   devices = strategy_lib.configure_devices(config.distribution.num_cpu_devices)
   strategy = strategy_lib.build_strategy(plan.choice, role, devices)
+  preemption.release_sigterm("while the strategy started")  # TensorFlow's own SIGTERM handler replaced here
   if watchdog is not None:
     watchdog.feed("the first training chunk")
   tf.keras.utils.set_random_seed(config.train.seed)
@@ -128,11 +155,12 @@ def _build_and_train(config: config_lib.Config, env: config_lib.Environment, pla
   # The resolved run, written beside the checkpoints from the start (a preempted or failed run says what it
   # was) and beside the export at the end.
   run_record = {"config": json.loads(config.to_json()), "schema": schema.to_dict(),
-                "schema_origin": inputs.schema_origin, "plan": plan.to_dict(config)}
+                "schema_origin": inputs.schema_origin, "plan": plan.to_dict(config), "train_steps": job.train_steps}
   if role.is_chief:
     storage.write_json(paths.join_path(config.output.checkpoint_dir, export.RUN_RECORD_FILE), run_record)
   try:
-    result = training.train(job)  # data errors are named where the data is read (trainer/data_errors.py)
+    with _peers_may_vanish(plan, "training or evaluation"):
+      result = training.train(job)  # data errors are named where the data is read (trainer/data_errors.py)
   except UserError:
     for directory in created:
       storage.remove_tree(directory)
@@ -153,8 +181,10 @@ def _build_and_train(config: config_lib.Config, env: config_lib.Environment, pla
       **{f"eval_{k}": v for k, v in result.eval_metrics.items()},
       **{f"test_{k}": v for k, v in result.test_metrics.items()},
   }
-  exported = export.publish(result.model, schema, config.output.model_dir, is_chief=role.is_chief,
-                            run_record=run_record, metrics=metrics)
+  actions.check_finite_weights(result.model, step=result.final_step, what="exported")
+  with _peers_may_vanish(plan, "the export"):
+    exported = export.publish(result.model, schema, config.output.model_dir, is_chief=role.is_chief,
+                              run_record=run_record, metrics=metrics)
   if exported:
     logging.info("Exported SavedModel to %s", exported)
   if role.is_chief and config.train.hypertune_metric and not config.train.eval_every_steps:
@@ -168,15 +198,19 @@ def _when_training_is_done(plan: plan_lib.Plan, config: config_lib.Config) -> pl
   """A multi-process job restarted after its final checkpoint (Vertex restarts a replica that died during the
   export, or a whole job): peers that finished are gone, and waiting for them in the strategy's start-up would
   hang until the job's timeout. So the chief evaluates and exports alone under the default strategy, and any
-  other training process has nothing left to do (None). Only with --train_steps: --epochs needs a count of the
-  records, which would run TensorFlow ops before the strategy exists."""
+  other training process has nothing left to do (None). The final step is --train_steps, or under --epochs the
+  step count the run recorded when it started (counting the records here would run TensorFlow ops before the
+  strategy exists)."""
   role = plan.role
-  if not plan.choice.multi_process or role.is_evaluator or config.train.train_steps is None:
+  if not plan.choice.multi_process or role.is_evaluator:
     return plan
   step = checkpoints.latest_step(config.output.checkpoint_dir)
-  if step is None or step < config.train.train_steps:
+  if step is None:
     return plan
-  checkpoints.check_resume_step(step, config.train.train_steps, directory=config.output.checkpoint_dir)
+  final_step = _final_step(config)
+  if final_step is None or step < final_step:
+    return plan
+  checkpoints.check_resume_step(step, final_step, directory=config.output.checkpoint_dir)
   if not role.is_chief:
     logging.info("The checkpoint in %s is at the final step %d: training is done, %s:%d has nothing left to do",
                  config.output.checkpoint_dir, step, role.task_type, role.task_index)
@@ -185,6 +219,25 @@ def _when_training_is_done(plan: plan_lib.Plan, config: config_lib.Config) -> pl
             f"exporting alone, without waiting for the {plan.choice.class_name} peers")
   logging.info("Strategy: default (%s)", reason)
   return dataclasses.replace(plan, choice=strategy_lib.StrategyChoice("default", reason))
+
+
+def _final_step(config: config_lib.Config) -> int | None:
+  """--train_steps, or the steps --epochs came to when this run started (its run record beside the checkpoints,
+  if that record is of this same configuration); None when unknown."""
+  if config.train.train_steps is not None:
+    return config.train.train_steps
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  path = paths.join_path(config.output.checkpoint_dir, export.RUN_RECORD_FILE)
+  if not tf.io.gfile.exists(path):
+    return None
+  try:
+    record = storage.read_json(path)
+  except ValueError:  # not JSON, not ours: the run takes its usual path
+    return None
+  if not isinstance(record, dict) or record.get("config") != json.loads(config.to_json()):
+    return None
+  steps = record.get("train_steps")
+  return steps if isinstance(steps, int) and steps > 0 else None
 
 
 def weights_digest(model) -> str:

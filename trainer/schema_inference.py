@@ -202,6 +202,14 @@ def _names_in_order(records) -> list[str]:
   return list(names)
 
 
+def _check_finite(column: _Column, values, where: str, *, flag: str) -> None:
+  """A NaN or infinity would make the column's mean and variance NaN, and every prediction with them."""
+  bad = next((v for v in values if not math.isfinite(v)), None)
+  if bad is not None:
+    raise UserError(f"{flag}: column {column.name!r} at {where} holds {bad}, a NaN or infinite number; remove the "
+                    "record or write the value as missing, or give the column's type in a schema.json")
+
+
 def _observe(column: _Column, value: Any, where: str, data_format: str, *, flag: str) -> None:
   if not column.where:
     column.where = where
@@ -213,6 +221,7 @@ def _observe(column: _Column, value: Any, where: str, data_format: str, *, flag:
       return
     column.present += 1
     if kind in ("float_list", "int64_list"):
+      _check_finite(column, values, where, flag=flag)
       column.add_numbers([float(v) for v in values])
       column.kinds[kind] += 1
     else:
@@ -229,6 +238,7 @@ def _observe(column: _Column, value: Any, where: str, data_format: str, *, flag:
   column.present += 1
   if data_format == "csv":
     if formats.is_number(value):
+      _check_finite(column, [float(value)], where, flag=flag)  # "1e999" reads as inf
       column.add_numbers([float(value)])
     else:
       column.strings[value] += 1
@@ -241,6 +251,7 @@ def _observe(column: _Column, value: Any, where: str, data_format: str, *, flag:
   elif isinstance(value, bool):
     column.add_numbers([float(value)])
   elif isinstance(value, (int, float)):
+    _check_finite(column, [value], where, flag=flag)
     column.add_numbers([float(value)])
   elif isinstance(value, str):
     column.strings[value] += 1
@@ -248,6 +259,7 @@ def _observe(column: _Column, value: Any, where: str, data_format: str, *, flag:
     column.first_text = column.first_text or (value, where)
   elif isinstance(value, list) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                                  for v in value):
+    _check_finite(column, value, where, flag=flag)
     column.add_numbers([float(v) for v in value])
   elif isinstance(value, list) and all(isinstance(v, str) for v in value):  # class names (multi-label; [] none)
     column.strings.update(value)

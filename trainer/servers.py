@@ -6,6 +6,7 @@ from __future__ import annotations
 from absl import logging
 
 from trainer import cluster as cluster_lib
+from trainer import preemption
 
 
 def serve_forever(role: cluster_lib.ClusterRole) -> None:
@@ -14,5 +15,6 @@ def serve_forever(role: cluster_lib.ClusterRole) -> None:
 
   server = tf.distribute.Server(tf.train.ClusterSpec(role.tf_cluster_dict()), job_name=role.task_type,
                                 task_index=role.task_index, protocol="grpc", start=True)
+  preemption.release_sigterm("while the server started")  # SIGTERM ends a server at once: it holds no state of its own
   logging.info("Serving %s:%d at %s until the job ends", role.task_type, role.task_index, server.target)
   server.join()

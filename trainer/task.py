@@ -71,8 +71,9 @@ def run_command(argv: list[str], environ: MutableMapping[str, str], *,
     return _fail(str(e))
   except ExternalFailure as e:
     return _fail(str(e), code=EXIT_EXTERNAL_FAILURE)
-  except preemption.Preempted as e:
-    # Not 0: Vertex would take a chief's 0 as the job's success. The restarted replica resumes at e.step.
+  except (preemption.Preempted, preemption.PeerLost) as e:
+    # Not 0: Vertex would take a chief's 0 as the job's success. The restarted replica resumes at the last
+    # checkpoint (a preemption's save: e.step).
     logging.warning("Preempted (%s); exiting %d so that Vertex restarts this replica", e, preemption.EXIT_PREEMPTED)
     return preemption.EXIT_PREEMPTED
   except Exception as e:  # pylint: disable=broad-except  (a storage outage is one line; anything else re-raised)
@@ -86,6 +87,7 @@ def run_command(argv: list[str], environ: MutableMapping[str, str], *,
 def main(argv: list[str]) -> int:
   log_format = logs.configure(flags.FLAGS.log_format, os.environ)
   code = run_command(argv, os.environ, log_format=log_format)
+  preemption.release_sigterm("before training started")  # a run that ended before its strategy existed
   if code in (EXIT_EXTERNAL_FAILURE, preemption.EXIT_PREEMPTED):
     # Storage or a peer is gone: TensorFlow's clean-up at exit would retry it (summary writers flush again, each
     # flush retried for about 40 s; measured: minutes after the error line). Preempted: the checkpoint is saved
@@ -113,6 +115,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 def entry() -> None:
+  preemption.hold_sigterm()  # first: a SIGTERM from now on is honoured, whatever handler TensorFlow installs
   trainer_flags.define_flags()
   flags.adopt_module_key_flags(trainer_flags)  # --help lists the trainer's flags, not only absl's
   app.run(main, flags_parser=_parse_flags)

@@ -72,7 +72,7 @@ class TrainingSession:
     return self.periodic is not None and self.periodic.stopped
 
   def actions(self, watcher: preemption.SigtermWatcher | None) -> list[loop_lib.PeriodicAction]:
-    return actions_lib.standard_actions(self.job, keeper=self.keeper, log=self.log,
+    return actions_lib.standard_actions(self.job, model=self.model, keeper=self.keeper, log=self.log,
                                         guard=actions_lib.LossGuard(self.start_step), periodic=self.periodic,
                                         watcher=watcher)
 
@@ -80,7 +80,7 @@ class TrainingSession:
     """After the loop: the early stop's checkpoint, the final evaluation, the result."""
     final_step = int(self.optimizer.iterations.numpy())
     if final_step < self.job.train_steps:
-      self.keeper.save(final_step)  # stopped early: a restart finds the run done at this step
+      actions_lib.guarded_save(self.keeper, self.model, final_step)  # stopped early: a restart finds it done here
     eval_metrics = self._final_evaluation(final_step)
     test_metrics = self._test_evaluation(final_step)
     return TrainResult(final_step=final_step, resumed_from_step=self.start_step, train_loss=train_loss,

@@ -1,5 +1,6 @@
 """Running the replicas as processes with Vertex's job semantics: logs streamed and kept per replica, a failed
-replica restarted up to --restart_failed times, preemptions (--preempt) sent as Vertex sends them, the job done
+replica restarted up to --restart_failed times (5 by default, as Vertex; a trainer's bad-input exit 2 fails the
+job at once, since a restart fails the same way), preemptions (--preempt) sent as Vertex sends them, the job done
 when the chief is, everything stopped at the end.
 
 A preempted replica gets SIGTERM, SIGKILL after the grace if it still runs, and is restarted whatever its exit
@@ -97,6 +98,15 @@ def _log_size(replica: Replica) -> int:
     return 0
 
 
+VERTEX_RESTARTS = 5  # Vertex restarts a failed replica up to 5 times (then retries the job up to 3 times)
+EXIT_USER_ERROR = 2  # the trainer's exit code for bad input (one `error:` line)
+
+
+def _as_vertex_reports(code: int | None) -> int | None:
+  """A process ended by signal N (Popen: -N) as a container's exit code, 128 + N (SIGTERM 143, SIGKILL 137)."""
+  return 128 - code if code is not None and code < 0 else code
+
+
 def supervise(replicas: list[Replica], *, site: str, base_env: dict, timeout_secs: float,
               restart_failed: int, quiet: bool = False, preemptions: list[Preemption] = (),
               grace_secs: float = 30.0, restart_job: bool = False,
@@ -154,7 +164,7 @@ def supervise(replicas: list[Replica], *, site: str, base_env: dict, timeout_sec
     while True:
       preempt_due()
       for replica in replicas:
-        code = replica.process.poll() if replica.exit_code is None else None
+        code = _as_vertex_reports(replica.process.poll()) if replica.exit_code is None else None
         if code is None:
           continue
         replica.exit_code, replica.ended = code, time.monotonic()
@@ -171,6 +181,10 @@ def supervise(replicas: list[Replica], *, site: str, base_env: dict, timeout_sec
         if code != 0:
           if chief.exit_code == 0:
             continue  # the chief is done (it exited in the same moment): judged below, as Vertex judges a job
+          if code == EXIT_USER_ERROR:
+            # The trainer's one `error:` line for bad input: the same input fails the same way again, so the
+            # job fails now (Vertex would restart the replica and fail after its restarts and job retries).
+            return False, f"{replica.name} ({replica.task_type}) failed with exit code {code} (bad input)", replica
           if replica.restarts < restart_failed:
             replica.restarts += 1
             say(f"{replica.name} exited with {code}; restarting it ({replica.restarts}/{restart_failed})")
@@ -184,7 +198,7 @@ def supervise(replicas: list[Replica], *, site: str, base_env: dict, timeout_sec
           time.sleep(0.1)
         late = []
         for r in others:
-          code = r.process.poll()
+          code = _as_vertex_reports(r.process.poll())
           if code is not None and r.exit_code is None:
             r.exit_code, r.ended = code, time.monotonic()
           if code not in (0, None):
