@@ -344,3 +344,31 @@ def test_failed_replicas_restart_as_on_vertex_but_bad_input_fails_at_once(tmp_pa
   ok, reason, _ = supervise(replicas, site=str(tmp_path), base_env=dict(os.environ), timeout_secs=60,
                             restart_failed=0, quiet=True)
   assert not ok and reason == "workerpool1-0 (worker) failed with exit code 137"
+
+
+def test_a_preempted_replica_and_its_peer_ending_together_are_told_apart(tmp_path, capsys):
+  """With scheduling.restartJobOnWorkerRestart, the preempted worker and the chief that stops with it end within
+  one poll: the worker's exit is its preemption's (143, not a failure restart of the chief), every replica
+  restarts once, and no stale SIGKILL timer hits the restarted worker later (seen by a newcomer: a healthy
+  restarted replica SIGKILLed 30 s after the first preemption, and a wrong saved/resumed step in the summary)."""
+  from scripts.localrun.supervise import supervise  # pylint: disable=g-import-not-at-top
+
+  stopped = tmp_path / "stopped"
+  # First start: the worker, on SIGTERM, marks `stopped` and exits 143 a moment after the chief, which exits 143
+  # (a preempted peer) as soon as it sees the mark. Second start: both succeed, the worker after 1.5 s.
+  worker = (f"import os, signal, sys, time\np = {str(stopped)!r}\nif os.path.exists(p):\n  time.sleep(1.5); sys.exit(0)\n"
+            "def term(*_):\n  open(p, 'w').close(); time.sleep(0.05); sys.exit(143)\n"
+            "signal.signal(signal.SIGTERM, term)\nwhile True: time.sleep(0.01)")
+  chief = (f"import os, sys, time\np = {str(stopped)!r}\nif os.path.exists(p):\n  time.sleep(1.5); sys.exit(0)\n"
+           "while not os.path.exists(p): time.sleep(0.005)\nsys.exit(143)")
+  replicas = [planning.Replica(pool=pool, index=0, task_type=task, args=[], env={},
+                               log_path=str(tmp_path / f"{task}.log"), command=("python3", "-c", code))
+              for pool, (task, code) in enumerate([("chief", chief), ("worker", worker)])]
+  preemption = planning.Preemption(replica="workerpool1-0", at_secs=0.5)
+  ok, reason, _ = supervise(replicas, site=str(tmp_path), base_env=dict(os.environ), timeout_secs=60,
+                            restart_failed=5, quiet=True, preemptions=[preemption], grace_secs=1.0,
+                            restart_job=True)
+  out = capsys.readouterr().out
+  assert (ok, reason) == (True, "the chief succeeded"), out
+  assert preemption.exit_code == 143 and not preemption.killed, out
+  assert "still running" not in out and "restarting it (1/5)" not in out, out

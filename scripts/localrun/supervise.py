@@ -124,10 +124,21 @@ def supervise(replicas: list[Replica], *, site: str, base_env: dict, timeout_sec
     with lock:
       print(message, flush=True)
 
+  def settle(replica: Replica, preemption: Preemption) -> None:
+    """The preempted replica ended: its exit and where its log stood, before anything restarts it."""
+    preemption.exit_code = _as_vertex_reports(replica.exit_code)
+    preemption.exit_secs = replica.ended - preemption.sent
+    replica.process.wait()
+    replica.streamer.join(timeout=10)  # its last lines (the save) belong before the restart's
+    preemption.restart_offset = _log_size(replica)
+
   def restart(replica: Replica) -> None:
     for r in (replicas if restart_job else [replica]):
       if r is not replica:
         _stop([r])
+        pending = preemption_of(r)
+        if pending is not None:  # preempted too, and ended in this same moment: its preemption is over as well
+          settle(r, pending)
       _start(r, site=site, base_env=base_env, quiet=quiet, lock=lock)
     if restart_job:
       say(f"restarting every replica (scheduling.restartJobOnWorkerRestart), after {replica.name}")
@@ -163,17 +174,16 @@ def supervise(replicas: list[Replica], *, site: str, base_env: dict, timeout_sec
       _start(replica, site=site, base_env=base_env, quiet=quiet, lock=lock)
     while True:
       preempt_due()
-      for replica in replicas:
+      # A preempted replica and the peers that stop with it often end within one poll: the preempted one is
+      # judged first, so that its exit is the preemption's and theirs the restarts' (not the other way round).
+      for replica in sorted(replicas, key=lambda r: preemption_of(r) is None):
         code = _as_vertex_reports(replica.process.poll()) if replica.exit_code is None else None
         if code is None:
           continue
         replica.exit_code, replica.ended = code, time.monotonic()
         preemption = preemption_of(replica)
         if preemption is not None:
-          preemption.exit_code, preemption.exit_secs = code, replica.ended - preemption.sent
-          replica.process.wait()
-          replica.streamer.join(timeout=10)  # its last lines (the save) belong before the restart's
-          preemption.restart_offset = _log_size(replica)
+          settle(replica, preemption)
           say(f"{replica.name}: exited {code} {preemption.exit_secs:.1f} s after SIGTERM; restarting it "
               "(a preemption restart)")
           restart(replica)
