@@ -112,3 +112,30 @@ def test_non_finite_weights_are_never_checkpointed_or_exported(tmp_path):
                                       r"data \(features or labels\), or lower --learning_rate$"):
     actions.guarded_save(keeper, model, 20)
   assert not (tmp_path / "ckpt").exists() or not os.listdir(tmp_path / "ckpt")
+
+
+def test_record_checks_keep_their_kinds_beside_the_non_finite_one():
+  """The NaN check sits beside the type checks, not in their place: a JSONL string column holding a number and a
+  number column holding text are still refused, a TFRecord vector feature still passes, and a NaN inside a
+  vector is named."""
+  from trainer import preflight  # pylint: disable=g-import-not-at-top
+  from trainer import schema as schema_lib  # pylint: disable=g-import-not-at-top
+
+  schema = schema_lib.parse_schema({"features": [{"name": "city", "type": "string", "vocabulary": ["a", "b"]},
+                                                 {"name": "x", "type": "float"},
+                                                 {"name": "v", "type": "float", "shape": [3]}],
+                                    "label": {"name": "y", "type": "float"}}, source="t")
+  jsonl, tfrecord = formats.Source("jsonl"), formats.Source("tfrecord")
+  good = {"city": "a", "x": 1.5, "v": [1.0, 2.0, 3.0], "y": 0.5}
+  assert preflight.record_problem(good, schema, jsonl) is None
+  assert preflight.record_problem({**good, "city": 7}, schema, jsonl) == (
+      "column 'city' holds 7, but the schema says string (a string)")
+  assert preflight.record_problem({**good, "x": "seven"}, schema, jsonl) == (
+      "column 'x' holds 'seven', but the schema says float (a number)")
+  assert preflight.record_problem({**good, "v": [1.0, float("nan"), 3.0]}, schema, jsonl) == (
+      "column 'v' holds nan, a NaN or infinite number; remove the record or give the column a value")
+  as_example = {"city": ("bytes_list", [b"a"]), "x": ("float_list", [1.5]), "v": ("float_list", [1.0, 2.0, 3.0]),
+                "y": ("float_list", [0.5])}
+  assert preflight.record_problem(as_example, schema, tfrecord) is None
+  assert preflight.record_problem({**as_example, "y": ("float_list", [float("inf")])}, schema, tfrecord) == (
+      "feature 'y' holds inf, a NaN or infinite number; remove the record or give the column a value")

@@ -383,18 +383,16 @@ def _value_problem(name, kind, value, feature, label, source) -> str | None:
       if not (isinstance(value, list) and len(value) == count
               and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
         return f"column {name!r} holds {str(value)[:40]}; the schema expects a list of {count} numbers"
-      bad = next((v for v in value if not math.isfinite(v)), None)
-      return None if bad is None else _non_finite(what, name, bad, feature)
-  if not textual:
-    numbers = value if isinstance(value, list) else [value]
-    bad = next((v for v in numbers if isinstance(v, float) and not math.isfinite(v)), None)
-    if bad is not None:
-      return _non_finite(what, name, bad, feature)
-    if textual:
+    elif textual:
       if not isinstance(value, str) and not (source.format == "parquet" and isinstance(value, int)):
         return f"column {name!r} holds {value!r}, but the schema says {kind} (a string)"
     elif not isinstance(value, (int, float)):
       return f"column {name!r} holds {value!r}, but the schema says {kind} (a number)"
+  if not textual:  # every format: one number or a list of them (a vector feature)
+    numbers = value if isinstance(value, list) else [value]
+    bad = next((v for v in numbers if isinstance(v, float) and not math.isfinite(v)), None)
+    if bad is not None:
+      return _non_finite(what, name, bad, feature)
   if feature is None:  # the label's value
     if label.vocabulary is not None:
       text = value if isinstance(value, str) else str(value)
