@@ -48,14 +48,14 @@ def check_finite_weights(model, *, step: int, what: str = "checkpointed or expor
   input row makes kernel rows NaN and ReLU hides them), so the loss guard alone would let them be saved."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+  weights = [(w, tf.convert_to_tensor(w)) for w in model.weights]
+  weights = [(w, value) for w, value in weights if value.dtype.is_floating]
+  if not weights or bool(tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for _, v in weights])):
+    return  # one read back to the host for the whole model: this runs before every checkpoint
   bad = []
-  for weight in model.weights:
-    value = tf.convert_to_tensor(weight)
-    if not value.dtype.is_floating:
-      continue
-    finite = tf.math.is_finite(value)
-    if not bool(tf.reduce_all(finite)):
-      count = int(tf.size(value)) - int(tf.reduce_sum(tf.cast(finite, tf.int32)))
+  for weight, value in weights:
+    count = int(tf.size(value)) - int(tf.math.count_nonzero(tf.math.is_finite(value)))
+    if count:
       bad.append(f"{getattr(weight, 'path', None) or weight.name}: {count} of {int(tf.size(value))} values")
   if bad:
     raise UserError(f"the model's weights hold NaN or infinite values at step {step} ({'; '.join(bad[:3])}"

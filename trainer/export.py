@@ -113,9 +113,9 @@ def _publish(staging: str, directory: str, *, complete_marker: str, replaced: tu
   for name in first:
     tf.io.gfile.copy(paths.join_path(staging, name), paths.join_path(directory, name), overwrite=True)
   for name in replaced:
-    path = paths.join_path(directory, name)
     if name in first:
       continue
+    path = paths.join_path(directory, name)
     if tf.io.gfile.isdir(path):
       storage.remove_tree(path)
     elif tf.io.gfile.exists(path):
@@ -178,15 +178,14 @@ def check_model_dir(directory: str, *, checkpoint_dir: str) -> None:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   record_path = paths.join_path(directory, RUN_RECORD_FILE)
-  if not any(tf.io.gfile.exists(paths.join_path(directory, name))
-             for name in ("saved_model.pb", METRICS_FILE, RUN_RECORD_FILE)):
-    return
   owner = None
   if tf.io.gfile.exists(record_path):
     try:
       owner = storage.read_json(record_path).get("config", {}).get("output", {}).get("checkpoint_dir")
     except (ValueError, AttributeError):
       owner = None
+  elif not any(tf.io.gfile.exists(paths.join_path(directory, name)) for name in ("saved_model.pb", METRICS_FILE)):
+    return  # nothing there yet
   if owner == checkpoint_dir:
     return
   whose = (f"the export of another run (its checkpoints in {owner})" if owner

@@ -227,6 +227,7 @@ def _final_step(config: config_lib.Config) -> int | None:
   if config.train.train_steps is not None:
     return config.train.train_steps
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   path = paths.join_path(config.output.checkpoint_dir, export.RUN_RECORD_FILE)
   if not tf.io.gfile.exists(path):
     return None
