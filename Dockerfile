@@ -11,9 +11,12 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # The sdist is the trainer alone (MANIFEST.in). Its only requirement, absl-py, comes with TensorFlow, so pip
-# installs nothing else and never touches the image's TensorFlow.
-COPY dist/*.tar.gz /tmp/trainer/
-RUN python3 -m pip install /tmp/trainer/*.tar.gz && rm -rf /tmp/trainer
+# installs nothing else and never touches the image's TensorFlow. dist/extra/ holds the user's own packages
+# (submit --extra_package: a plug-in model), installed beside it; their requirements are theirs.
+COPY dist/ /tmp/trainer/
+RUN python3 -m pip install /tmp/trainer/*.tar.gz \
+    && if [ -d /tmp/trainer/extra ]; then python3 -m pip install /tmp/trainer/extra/*; fi \
+    && rm -rf /tmp/trainer
 
 WORKDIR /
 ENTRYPOINT ["python3", "-m", "trainer.task"]

@@ -33,13 +33,16 @@ def dockerfile_tf_version(path: str = DOCKERFILE) -> str:
   return match.group(1)
 
 
-def build_context(sdist: str, out_dir: str, *, serving: bool = False) -> str:
-  """A gzipped tarball of the Dockerfile (as `Dockerfile`), dist/<sdist> and, for the serving image, the server's
+def build_context(sdist: str, out_dir: str, *, serving: bool = False, extras: tuple[str, ...] = ()) -> str:
+  """A gzipped tarball of the Dockerfile (as `Dockerfile`), dist/<sdist>, the --extra_package archives in
+  dist/extra/ (the trainer image installs them beside the trainer) and, for the serving image, the server's
   scripts; returns its path (named by content)."""
   buffer = io.BytesIO()
   with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
     tar.add(SERVING_DOCKERFILE if serving else DOCKERFILE, arcname="Dockerfile")
     tar.add(sdist, arcname=f"dist/{os.path.basename(sdist)}")
+    for extra in extras:
+      tar.add(extra, arcname=f"dist/extra/{os.path.basename(extra)}")
     for name in SERVING_FILES if serving else ():
       tar.add(os.path.join(REPO, name), arcname=name)
   digest = hashlib.sha256(buffer.getvalue()).hexdigest()[:12]
@@ -47,6 +50,43 @@ def build_context(sdist: str, out_dir: str, *, serving: bool = False) -> str:
   with open(path, "wb") as f:
     f.write(buffer.getvalue())
   return path
+
+
+def _archive_members(path: str) -> list[tuple[str, str]]:
+  """(member name, sha256 of its bytes) of a .tar.gz or a wheel/zip: what it holds, not when it was packed."""
+  import zipfile  # pylint: disable=g-import-not-at-top
+
+  members = []
+  if zipfile.is_zipfile(path):
+    with zipfile.ZipFile(path) as archive:
+      for info in archive.infolist():
+        if not info.is_dir():
+          members.append((info.filename, hashlib.sha256(archive.read(info)).hexdigest()))
+  else:
+    with tarfile.open(path) as archive:
+      for member in archive.getmembers():
+        if member.isfile():
+          members.append((member.name, hashlib.sha256(archive.extractfile(member).read()).hexdigest()))
+  return sorted(members)
+
+
+def source_digest(sdist: str, *, extras: tuple[str, ...] = (), serving: bool = False,
+                  tf_version: str | None = None) -> str:
+  """A digest of what the image is built from: the Dockerfile, the TF version, and the files inside the sdist and
+  each extra package. setuptools stamps build times into the archive (never into the files), so two builds of the
+  same code have the same digest and an image built from it can be found again by its tag."""
+  digest = hashlib.sha256()
+  with open(SERVING_DOCKERFILE if serving else DOCKERFILE, "rb") as f:
+    digest.update(f.read())
+  digest.update(f"TF_VERSION={tf_version or dockerfile_tf_version()}".encode())
+  for archive in (sdist, *extras):
+    digest.update(os.path.basename(archive).encode())
+    for name, member in _archive_members(archive):
+      digest.update(f"{name}\0{member}\n".encode())
+  for name in SERVING_FILES if serving else ():
+    with open(os.path.join(REPO, name), "rb") as f:
+      digest.update(name.encode() + f.read())
+  return digest.hexdigest()[:16]
 
 
 def build_request(*, project: str, region: str, image: str, context_uri: str, tf_version: str | None = None) -> dict:

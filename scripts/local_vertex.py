@@ -23,7 +23,7 @@ A hyperparameter-tuning config runs as a study (scripts/localrun/study.py): its 
 trial's values, id and output dirs, `parallelTrialCount` at a time (--parallel_trials, --max_trials shrink it).
 
 Cloud Storage: the emulator is started for the job unless STORAGE_EMULATOR_HOST is already set (then the
-running one is used: python -m scripts.gcs_emulator start).
+running one is used: python -m scripts.gcs_emulator start; one that does not answer is refused in one line).
 """
 
 from __future__ import annotations
@@ -55,10 +55,17 @@ from trainer import paths
 
 @contextlib.contextmanager
 def _storage(buckets: tuple[str, ...], job_dir: str) -> Iterator[dict[str, str]]:
-  """The environment of the emulator to use: the running one (STORAGE_EMULATOR_HOST set) or a new one."""
+  """The environment of the emulator to use: the running one (STORAGE_EMULATOR_HOST set) or a new one.
+
+  A STORAGE_EMULATOR_HOST that does not answer (a shell that kept a stopped emulator's variables) is refused here,
+  before anything is built: the storage client would retry it for minutes, then fail mid-staging."""
   from scripts import emulator as emulator_lib  # pylint: disable=g-import-not-at-top
 
-  if os.environ.get("STORAGE_EMULATOR_HOST"):
+  host = os.environ.get("STORAGE_EMULATOR_HOST")
+  if host:
+    problem = emulator_lib.unanswered(host, buckets=buckets)
+    if problem:
+      raise LocalRunError(problem)
     yield {}
     return
   with emulator_lib.running(buckets=buckets, directory=os.path.join(job_dir, "gcs")) as emulator:
@@ -174,10 +181,11 @@ def _stage(args, spec: dict, storage_env: dict[str, str], job_dir: str, *, conta
       pool["pythonPackageSpec"]["packageUris"] = [uri]
   submit.add_package_uris(spec, [u for _, u in extras])
   # Every packageUri, trainer first, into the one dir each replica imports from (Vertex pip-installs them
-  # all). A container pool gets what the Dockerfile puts in the image: the trainer from this sdist (no Docker:
-  # the container's command runs with this interpreter, see localrun.planning.local_argv).
+  # all). A container pool gets what the Dockerfile puts in the image: the trainer from this sdist and each
+  # --extra_package, as submit's build context holds them (no Docker: the container's command runs with this
+  # interpreter, see localrun.planning.local_argv).
   site = os.path.join(job_dir, "site")
-  for package in [uri] if containers else pools[0]["pythonPackageSpec"]["packageUris"]:
+  for package in [uri, *(u for _, u in extras)] if containers else pools[0]["pythonPackageSpec"]["packageUris"]:
     install_package(package, site, client=client)
   return Staged(client=client, env=env, site=site, uri=uri)
 

@@ -47,7 +47,10 @@ import yaml
 
 from kfp import dsl
 
+from scripts import artifact_registry
 from scripts import clients
+from scripts import cloud_build
+from scripts import gcp_context
 from scripts import registry
 from scripts import submit as submit_lib
 from scripts import vertex_config
@@ -549,8 +552,8 @@ def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("command", choices=("compile", "submit", "schedule", "local"))
   parser.add_argument("--config", required=True)
-  parser.add_argument("--project", default=os.environ.get("PROJECT"))
-  parser.add_argument("--region", default=os.environ.get("REGION", "us-central1"))
+  parser.add_argument("--project", default=None, help=gcp_context.PROJECT_HELP)
+  parser.add_argument("--region", default=None, help=gcp_context.REGION_HELP)
   parser.add_argument("--bucket", default=os.environ.get("BUCKET"))
   parser.add_argument("--output", default="training_pipeline.yaml",
                       help="compile: where the YAML goes (the packages it runs are kept beside it, in "
@@ -583,7 +586,8 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(argv)
   try:
     return _main(args)
-  except (PipelineError, vertex_config.ConfigError, submit_lib.SubmitError, registry.RegistryError) as e:
+  except (PipelineError, vertex_config.ConfigError, submit_lib.SubmitError, registry.RegistryError,
+          artifact_registry.RepositoryError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
 
@@ -591,6 +595,10 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args) -> int:
   import time  # pylint: disable=g-import-not-at-top
 
+  found = gcp_context.project(args.project)
+  args.project = found.value if found else None
+  args.region = gcp_context.region(args.region).value
+  args.api_endpoint = getattr(args, "api_endpoint", None)
   if not args.bucket:
     raise PipelineError("--bucket is required (or set BUCKET): package, data and outputs live there")
   args.bucket = vertex_config.bucket_name(args.bucket)
@@ -636,6 +644,14 @@ def _main(args) -> int:
     archive = submit_lib.build_sdist(tempfile.mkdtemp(dir=scratch))
     uri = submit_lib.package_uri(args.bucket, archive)
     extras = submit_lib.stage_extra_packages(args.extra_package, args.bucket, tempfile.mkdtemp(dir=scratch))
+    image = None
+    if pending.job_spec["workerPoolSpecs"][0].get("containerSpec"):
+      # The training step (and every trial) runs the trainer image holding this sdist and the extra packages,
+      # named by that source as scripts.submit names it: submit and schedule reuse or build it first.
+      args.trainer_image, args.build_image = values.get("TRAINER_IMAGE"), False
+      image = submit_lib.plan_trainer_image(argparse.Namespace(**{**vars(args), "project": values["PROJECT"]}),
+                                            archive, [a for a, _ in extras])
+      values = {**values, "TRAINER_IMAGE": image.target}
     config = load_config(args.config, {**values, "PACKAGE_URI": uri})
     submit_lib.add_package_uris(config.body, [u for _, u in extras])  # compiled into the training step
     tuning = None
@@ -663,6 +679,11 @@ def _main(args) -> int:
       for local_path, remote in [(archive, uri), *extras]:
         kept.append((shutil.copy(local_path, os.path.join(packages, os.path.basename(local_path))), remote))
       copies = "; ".join(f"gcloud storage cp {local_path} {remote}" for local_path, remote in kept)
+      if image and image.reuse_if_tagged:
+        copies = (f"it runs the trainer image {image.target}, which python -m scripts.submit --config={args.config}"
+                  f"{''.join(' --extra_package=' + p for p in args.extra_package)} builds (or finds) under that tag")
+      elif image:
+        copies = f"it runs the trainer image {image.target}, as given"
       overrides = " ".join(f"--{k}={v}" for k, v in params["trainer_flags"].items())
       tuned = f"; a tuning study from {args.tuning_config} first, its best trial's parameters to training" \
           if tuning else ""
@@ -681,7 +702,18 @@ def _main(args) -> int:
     if args.dry_run:
       print(json.dumps(request, indent=2))
       return 0
-    for local, remote in [(archive, uri), *extras]:
+    if image and image.build:
+      context = cloud_build.build_context(archive, scratch, extras=tuple(a for a, _ in extras))
+      context_uri = f"gs://{args.bucket}/staging/{os.path.basename(context)}"
+      build = cloud_build.build_request(project=args.project, region=args.region, image=image.target,
+                                        context_uri=context_uri)
+      built = submit_lib._existing_or_built(args, image, build, context, context_uri)  # pylint: disable=protected-access
+      if built != image.target:  # the run names exactly that image, by digest: compiled again with it
+        config = load_config(args.config, {**values, "TRAINER_IMAGE": built, "PACKAGE_URI": uri})
+        if args.tuning_config:
+          tuning = load_tuning_config(args.tuning_config, {**values, "TRAINER_IMAGE": built, "PACKAGE_URI": uri})
+        compile_pipeline(config, output, bucket=args.bucket, params=params, serving=serving, tuning=tuning)
+    for local, remote in [] if image else [(archive, uri), *extras]:
       submit_lib.upload(local, remote)
     with open(output) as f:
       template = yaml.safe_load(f)

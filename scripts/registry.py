@@ -19,6 +19,7 @@ import datetime
 import re
 
 from scripts import clients
+from scripts import vertex_images
 from trainer import predict_schemata
 
 _PREDICTION_IMAGE = re.compile(r"^(us|europe|asia)-docker\.pkg\.dev/vertex-ai/prediction/tf2-(cpu|gpu)\.2-(\d+):latest$")
@@ -31,7 +32,7 @@ class RegistryError(ValueError):
 
 # Vertex's supported-frameworks page (read 2026-12): the prebuilt TF prediction images it still lists and their end
 # of availability. None is newer than 2.15; the SDK still names older ones the page no longer lists.
-PREDICTION_END_OF_AVAILABILITY = {15: datetime.date(2027, 1, 14)}
+PREDICTION_END_OF_AVAILABILITY = {minor: image.end_of_availability for minor, image in vertex_images.PREDICTION.items()}
 PREBUILT = "prebuilt"
 # The TF release each training minor version serves on (tensorflow/tensorflow image tags): the pinned stacks.
 SERVING_TF = {"2.21": "2.21.0", "2.17": "2.17.1", "2.16": "2.16.2", "2.15": "2.15.1"}
@@ -53,26 +54,35 @@ def serving_tf_version(training_tf: str) -> str:
 
 
 def serving_container(choice: str | None, *, training_tf: str, project: str, region: str,
-                      today: datetime.date | None = None) -> tuple[dict, list[str]]:
-  """The model's containerSpec for `--serving_image` (None: the project's serving image), and warnings."""
+                      today: datetime.date | None = None, gpu: bool = False) -> tuple[dict, list[str]]:
+  """The model's containerSpec for `--serving_image` (None: the project's serving image), and warnings. `gpu`: the
+  model is deployed with an accelerator, so 'prebuilt' is Vertex's GPU prediction image (the project's serving
+  image runs TF's CPU build: a warning says the GPU would sit idle)."""
   if choice == PREBUILT:
-    image = serving_image(training_tf, region)
+    image = serving_image(training_tf, region, gpu=gpu)
     version = int(_PREDICTION_IMAGE.match(image).group(3))
     ends = PREDICTION_END_OF_AVAILABILITY.get(version)
     today = today or datetime.date.today()
     replacement = (f"the serving image matching TF {training_tf} (Dockerfile.serving: omit --serving_image, "
                    "build it with --build_serving_image)")
     warnings = []
-    if ends is None or ends < today:
-      warnings.append(f"{image.rsplit('/', 1)[-1]} is past its end of availability on Vertex "
-                      f"({'no longer listed' if ends is None else ends.isoformat()}); use {replacement}")
-    elif (ends - today).days <= 90:
+    if ends is None or ends < today:  # Vertex no longer runs it: a deployment would fail after the training
+      raise RegistryError(f"--serving_image=prebuilt: {image.rsplit('/', 1)[-1]} is past its end of availability "
+                          f"on Vertex ({'no longer listed' if ends is None else ends.isoformat()}; "
+                          f"{vertex_images.SOURCE}); use {replacement}")
+    if (ends - today).days <= 90:
       warnings.append(f"{image.rsplit('/', 1)[-1]} reaches its end of availability on {ends.isoformat()}; "
                       f"move to {replacement}")
     return {"imageUri": image}, warnings
   if choice:
     return {"imageUri": choice}, []
-  return serving_spec(default_serving_image(project, region, training_tf)), []
+  image = default_serving_image(project, region, training_tf)
+  warnings = []
+  if gpu:
+    warnings.append(f"{image} runs TensorFlow's CPU build (Dockerfile.serving: tensorflow/tensorflow:"
+                    f"{serving_tf_version(training_tf)}): the accelerator would sit idle; pass --serving_image="
+                    f"{PREBUILT} for Vertex's GPU prediction image, or the URI of a GPU serving image of your own")
+  return serving_spec(image), warnings
 
 
 def serving_spec(image: str) -> dict:
@@ -108,27 +118,41 @@ def label_value(text: str) -> str:
   return _LABEL_VALUE.sub("-", text.lower())[:63]
 
 
-def upload_request(*, parent: str, display_name: str, model_dir: str, container: dict, job_name: str,
-                   run_id: str, training_tf: str, config_path: str) -> dict:
-  """The UploadModelRequest body (REST JSON)."""
+def upload_request(*, parent: str, display_name: str, model_dir: str, container: dict, training_tf: str,
+                   job_name: str | None = None, run_id: str | None = None, config_path: str | None = None,
+                   description: str | None = None, labels: dict[str, str] | None = None) -> dict:
+  """The UploadModelRequest body (REST JSON). A job's model (`job_name`, `run_id`, `config_path`: submit
+  --upload_model) is labelled with the job and run that made it; a model registered on its own
+  (scripts/register_model.py) has no job, and brings its own `description` and extra `labels` (added last: they
+  win over the defaults)."""
   if not model_dir.startswith("gs://"):
+    if config_path is None:
+      raise RegistryError(f"the model's artifactUri must be a Cloud Storage directory (gs://BUCKET/PATH/), got "
+                          f"{model_dir!r}")
     raise RegistryError(f"--upload_model needs the job's model dir in Cloud Storage, and {config_path} has "
                         f"{'no baseOutputDirectory.outputUriPrefix' if not model_dir else repr(model_dir)}: give it "
                         "baseOutputDirectory.outputUriPrefix: gs://BUCKET/runs/${RUN_ID} (the export lands in "
                         "<prefix>/model/)")
   model_dir = model_dir.rstrip("/") + "/"
+  defaults: dict[str, str] = {}
+  if job_name is not None:
+    defaults["vertex-tf-trainer-job"] = label_value(job_name.rsplit("/", 1)[-1])
+  if run_id is not None:
+    defaults["vertex-tf-trainer-run"] = label_value(run_id)
+  defaults["training-tf"] = label_value(training_tf)
+  if description is None:
+    description = (f"Trained by vertex-tf-trainer ({config_path}, TF {training_tf}) in {job_name}" if job_name
+                   else f"Registered by vertex-tf-trainer (TF {training_tf})")
   return {
       "parent": parent,
       "model": {
           "displayName": display_name,
-          "description": f"Trained by vertex-tf-trainer ({config_path}, TF {training_tf}) in {job_name}",
+          "description": description,
           "artifactUri": model_dir,
           "containerSpec": container,
           "predictSchemata": {"instanceSchemaUri": model_dir + predict_schemata.INSTANCE_FILE,
                               "predictionSchemaUri": model_dir + predict_schemata.PREDICTION_FILE},
-          "labels": {"vertex-tf-trainer-job": label_value(job_name.rsplit("/", 1)[-1]),
-                     "vertex-tf-trainer-run": label_value(run_id),
-                     "training-tf": label_value(training_tf)},
+          "labels": {**defaults, **(labels or {})},
       },
   }
 
@@ -171,14 +195,32 @@ def traffic_split(current: dict[str, int], percent: int) -> dict[str, int]:
   return {"0": percent, **split}
 
 
+def accelerator_names() -> list[str]:
+  """The accelerators a DeployModelRequest can name (aiplatform_v1.AcceleratorType, as this SDK knows them)."""
+  from google.cloud import aiplatform_v1  # pylint: disable=g-import-not-at-top
+
+  return [e.name for e in aiplatform_v1.AcceleratorType if e.name != "ACCELERATOR_TYPE_UNSPECIFIED"]
+
+
 def deploy_request(*, endpoint: str, model: str, display_name: str, machine_type: str, min_replicas: int,
-                   max_replicas: int, split: dict[str, int]) -> dict:
-  """The DeployModelRequest body (REST JSON): the registered model on dedicated machines, with its traffic."""
+                   max_replicas: int, split: dict[str, int], accelerator_type: str | None = None,
+                   accelerator_count: int | None = None) -> dict:
+  """The DeployModelRequest body (REST JSON): the registered model on dedicated machines (with `accelerator_count`
+  x `accelerator_type` on each, when given), with its traffic."""
   if not 1 <= min_replicas <= max_replicas:
     raise RegistryError(f"--min_replicas={min_replicas} --max_replicas={max_replicas}: expected 1 <= min <= max")
+  machine: dict = {"machineType": machine_type}
+  if accelerator_type:
+    count = 1 if accelerator_count is None else accelerator_count
+    if count < 1:
+      raise RegistryError(f"--accelerator_count={count}: expected 1 or more (with --accelerator_type)")
+    machine.update(acceleratorType=accelerator_type, acceleratorCount=count)
+  elif accelerator_count:
+    raise RegistryError(f"--accelerator_count={accelerator_count} without --accelerator_type: name the accelerator "
+                        "(e.g. --accelerator_type=NVIDIA_L4)")
   return {"endpoint": endpoint,
           "deployedModel": {"model": model, "displayName": display_name,
-                            "dedicatedResources": {"machineSpec": {"machineType": machine_type},
+                            "dedicatedResources": {"machineSpec": machine,
                                                    "minReplicaCount": min_replicas,
                                                    "maxReplicaCount": max_replicas}},
           "trafficSplit": split}

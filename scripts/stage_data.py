@@ -2,36 +2,40 @@
 
     python -m scripts.stage_data --demo --destination=gs://BUCKET/data          # the demo dataset
     python -m scripts.stage_data --source='local/train*.csv' --schema=schema.json \\
-        --destination=gs://BUCKET/data/train --num_shards=16                      # your own CSV or TFRecord files
+        --destination=gs://BUCKET/data/train --num_shards=16     # your own CSV, JSONL, Parquet or TFRecord files
     python -m scripts.stage_data --source='local/train*.csv' --label=churned --destination=...  # schema inferred
 
-The trainer reads CSV, JSONL and gzip files as they are; staging is for re-sharding into TFRecord (the fastest
-input) and for files on a laptop that the job should read from a bucket.
+The trainer reads CSV, JSONL, Parquet and gzip files as they are; staging is for re-sharding into TFRecord (the
+fastest input) and for files on a laptop that the job should read from a bucket.
 
-CSV rows (plain or gzip, with a header) are converted to `tf.train.Example`s with the schema's types; TFRecord
-files (plain or gzip) are re-sharded as they are. Shards are written to a local scratch dir, then uploaded in
+CSV, JSONL and Parquet records are converted to `tf.train.Example`s exactly as the trainer reads those files
+(`trainer.examples.from_file`: its reader, CSV dialect and header handling, pre-flight record check and
+defaults): a missing value (an empty CSV cell) takes the schema's `default`, and a record training would refuse
+(a missing value without a default, NaN or an infinity, a value of the wrong type) is refused with the same
+one-line error, naming the file, the line and the column. TFRecord files (plain or gzip) are re-sharded as they
+are. Shards are written to a local scratch dir, and only once every record has converted are they uploaded in
 parallel with google-cloud-storage (the Python client is the right tool for bulk uploads; on the emulator it goes
-anonymous by itself through STORAGE_EMULATOR_HOST). `schema.json` lands beside the shards, where the trainer
-looks for it by default.
+anonymous by itself through STORAGE_EMULATOR_HOST), so a failed staging leaves nothing at the destination.
+`schema.json` lands beside the shards, where the trainer looks for it by default.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import glob
-import gzip
 import json
 import os
 import sys
 import tempfile
 from typing import Iterator
 
-
 from scripts import demo_data
 from trainer import examples
+from trainer import formats
 from trainer import paths
+from trainer import preflight
 from trainer import schema as schema_lib
+from trainer import storage
 from trainer.errors import UserError
 
 
@@ -66,101 +70,53 @@ def upload_tree(local_dir: str, destination: str, *, workers: int = 8, client=No
   return [f"gs://{bucket_name}/{prefix}/{name}" if prefix else f"gs://{bucket_name}/{name}" for name in names]
 
 
-_GZIP_MAGIC = b"\x1f\x8b"
-
-
-def _is_gzip(path: str) -> bool:
-  with open(path, "rb") as f:
-    return f.read(2) == _GZIP_MAGIC
-
-
-def _is_csv(path: str) -> bool:
-  return path.endswith((".csv", ".csv.gz"))
-
-
-def csv_rows(path: str) -> Iterator[tuple[int, dict[str, str]]]:
-  """(line number, row by column name) of a CSV file with a header, plain or gzip, as Python's csv reads it
-  (quoted fields, commas and newlines inside quotes)."""
-  opener = gzip.open if _is_gzip(path) else open
-  with opener(path, "rt", newline="", encoding="utf-8") as f:
-    reader = csv.DictReader(f)
-    for row in reader:
-      yield reader.line_num, row
-
-
-def row_example(row: dict[str, str], schema: schema_lib.Schema, *, where: str) -> bytes:
-  """One CSV row as a serialized tf.train.Example typed by the schema.
-
-  Empty cells: a string or text feature becomes "" (out of vocabulary, no words), a numeric one the
-  feature's schema `mean` (else 0), so a row is not lost for one missing value; an empty label is an error.
-  """
-  values = {}
-  for column in schema.features + (schema.label,):
-    name, kind = column.name, column.type
-    if name not in row:
-      raise StageError(f"{where}: no column {name!r} (the header has: {', '.join(k for k in row if k)})")
-    if row[name] is None:
-      raise StageError(f"{where}: the row has fewer fields than the header (no value for {name!r})")
-    text = row[name].strip()
-    if kind == "image":
-      raise StageError(f"{where}: image feature {name!r} cannot come from CSV; stage TFRecord files")
-    if kind in ("string", "text"):
-      values[name] = row[name]
-      continue
-    if not text:
-      if column is schema.label:
-        raise StageError(f"{where}: the label {name!r} is empty; every row needs a label")
-      text = str(getattr(column, "mean", None) or 0)
-    values[name] = _number(text, kind)
-    if values[name] is None:
-      raise StageError(f"{where}: column {name!r} holds {row[name]!r}, but the schema says {kind}")
-  return examples.serialize(values, schema)
-
-
-def _number(text: str, kind: str) -> float | int | None:
-  """`text` as the schema's numeric type; None when it is not one ("1.5" is no int; "3.0" is 3)."""
-  try:
-    value = float(text)
-  except ValueError:
-    return None
-  if kind == "float":
-    return value
-  return int(value) if value.is_integer() else None
-
-
-def _records(sources: list[str], schema: schema_lib.Schema) -> Iterator[bytes]:
+def _records(sources: list[str], source: formats.Source, schema: schema_lib.Schema) -> Iterator[bytes]:
+  """Serialized Examples of every file: TFRecord records as they are; CSV, JSONL and Parquet records converted
+  by the trainer's own reader, record check and defaults (`examples.from_file`), so the staged Examples train as
+  the files themselves would, and a record training would refuse is refused here with the same line."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   for path in sources:
-    if _is_csv(path):
-      for line, row in csv_rows(path):
-        yield row_example(row, schema, where=f"--source: {path} line {line}")
+    if source.format == "tfrecord":
+      try:
+        for record in tf.data.TFRecordDataset(path, compression_type=source.compression).as_numpy_iterator():
+          yield record
+      except tf.errors.OpError as e:
+        raise StageError(f"--source: {path} is not a readable TFRecord file ({e.message.splitlines()[0]}); "
+                         "expected TFRecord (plain or gzip), CSV, JSONL or Parquet") from None
       continue
-    compression = "GZIP" if _is_gzip(path) else ""
-    try:
-      for record in tf.data.TFRecordDataset(path, compression_type=compression).as_numpy_iterator():
-        yield record
-    except tf.errors.OpError as e:
-      raise StageError(f"--source: {path} is not a readable TFRecord file ({e.message.splitlines()[0]}); expected "
-                       "TFRecord (plain or gzip) or CSV (.csv, .csv.gz)") from None
+    yield from examples.from_file(path, _file_source(path, source, schema), schema, flag="--source")
 
 
-def convert_files(sources: list[str], schema: schema_lib.Schema, out_dir: str, *, num_shards: int) -> int:
-  """Re-shards TFRecord files (plain or gzip), or converts CSV files (plain or gzip) to Examples, into
-  `num_shards` uncompressed TFRecord files; returns the count."""
+def _file_source(path: str, source: formats.Source, schema: schema_lib.Schema) -> formats.Source:
+  """How to read `path` as the trainer reads a file of a split: CSV columns and header settled for this file (a
+  file without a header row is not read as if its first row were one), and the schema checked against the
+  format (CSV holds no image bytes or lists; a Parquet column's type must hold its kind)."""
+  if source.format == "csv":
+    source = preflight.csv_columns(source, path, schema, flag="--source")
+  preflight.validate_schema_for_format(schema, source, [path], flag="--source")
+  return source
+
+
+def convert_files(sources: list[str], schema: schema_lib.Schema, out_dir: str, *, num_shards: int,
+                  source: formats.Source | None = None) -> int:
+  """Re-shards TFRecord files (plain or gzip), or converts CSV, JSONL or Parquet files to Examples as the trainer
+  reads them, into `num_shards` uncompressed TFRecord files under `out_dir` (a scratch dir: nothing is uploaded
+  unless every record converts); returns the count."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+  source = source or _resolve(sources)
+  if schema.label.multi_label and source.format != "tfrecord":
+    raise StageError(f"--source: the label {schema.label.name!r} is multi-label (a list of class names per record), "
+                     "which the trainer reads from JSONL only: train on the JSONL files themselves (copy them to "
+                     "the bucket as they are)")
   writers = [tf.io.TFRecordWriter(os.path.join(out_dir, f"part-{i:05d}-of-{num_shards:05d}.tfrecord"))
              for i in range(num_shards)]
   count = 0
   try:
-    for payload in _records(sources, schema):
+    for payload in _records(sources, source, schema):
       writers[count % num_shards].write(payload)
       count += 1
-  except UnicodeDecodeError as e:
-    raise StageError(f"--source: a CSV file is not UTF-8 text ({e.reason} at byte {e.start})") from None
-  except csv.Error as e:
-    raise StageError(f"--source: a CSV file cannot be parsed ({e})") from None
   finally:
     for writer in writers:
       writer.close()
@@ -169,12 +125,21 @@ def convert_files(sources: list[str], schema: schema_lib.Schema, out_dir: str, *
   return count
 
 
+def _resolve(sources: list[str]) -> formats.Source:
+  """The files' format and compression, as the trainer resolves --train_data (extension, then content)."""
+  source = formats.resolve(sources, requested="auto", vertex_format=None, flag="--source")
+  if source.format == "image_folder":
+    raise StageError(f"--source: {sources[0]} and the other files are images; the trainer reads image files in "
+                     "class folders as they are: copy the folders to the bucket (gcloud storage cp -r)")
+  return source
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--destination", required=True, help="gs://BUCKET/PREFIX")
   parser.add_argument("--demo", action="store_true", help="stage the demo dataset (train/ and eval/)")
-  parser.add_argument("--source", help="local file pattern: CSV with a header (.csv, .csv.gz) or TFRecord "
-                      "(plain or gzip)")
+  parser.add_argument("--source", help="file pattern or folder, listed and read as the trainer reads "
+                      "--train_data: CSV (.csv, .csv.gz), JSONL, Parquet or TFRecord (plain or gzip)")
   parser.add_argument("--schema", help="schema JSON for --source")
   parser.add_argument("--label", help="without --schema: infer the schema from --source, with this label column "
                       "(as the trainer does; python -m trainer.schema_inference writes one to review)")
@@ -200,11 +165,10 @@ def stage(args, parser) -> dict:
     if args.demo:
       summary = demo_data.make(scratch, num_shards=args.num_shards, formats=("tfrecord",))
     else:
-      sources = sorted(p for p in glob.glob(args.source) if os.path.isfile(p))
-      if not sources:
-        raise StageError(f"--source: no files match {args.source!r}")
-      schema = _load_schema(args.schema) if args.schema else _infer_schema(sources, args.label, args.task)
-      count = convert_files(sources, schema, scratch, num_shards=args.num_shards)
+      sources = storage.list_files(args.source, flag="--source")  # as the trainer lists --train_data
+      source = _resolve(sources)
+      schema = _load_schema(args.schema) if args.schema else _infer_schema(sources, source, args.label, args.task)
+      count = convert_files(sources, schema, scratch, num_shards=args.num_shards, source=source)
       with open(os.path.join(scratch, "schema.json"), "w") as f:
         json.dump(schema.to_dict(), f, indent=2)
       summary = {"examples": count}
@@ -214,14 +178,14 @@ def stage(args, parser) -> dict:
   return summary
 
 
-def _infer_schema(sources: list[str], label: str, task: str) -> schema_lib.Schema:
-  from trainer import formats  # pylint: disable=g-import-not-at-top
+def _infer_schema(sources: list[str], source: formats.Source, label: str, task: str) -> schema_lib.Schema:
   from trainer import schema_inference  # pylint: disable=g-import-not-at-top
 
-  source = formats.source_for(sources, flag="--source")
+  if source.format == "csv":
+    source = preflight.csv_columns(source, sources[0], None, flag="--source")
   if source.format == "csv" and not source.header:
-    raise StageError(f"--source: {sources[0]} has no header row; stage_data converts CSV with a header (the "
-                     "trainer reads headerless CSV itself, with --csv_columns)")
+    raise StageError(f"--source: {sources[0]} has no header row, so --label cannot name a column; pass --schema "
+                     "(its 'columns' name every field; without them its features and label are the fields in order)")
   return schema_inference.infer_schema(sources, source, schema_inference.InferenceConfig(label=label, task=task),
                                        flag="--source", log=lambda line: print(line, file=sys.stderr))
 

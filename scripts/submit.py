@@ -1,28 +1,35 @@
-"""Build the trainer sdist, stage it to a bucket and submit a Vertex AI job from a cloud_configs/ file.
+"""Submit a Vertex AI job from a cloud_configs/ file, running the trainer image.
 
-    python -m scripts.submit --config=cloud_configs/multi_worker_gpu.yaml \\
-        --project=my-project --region=us-central1 --bucket=my-bucket [--args=--train_steps=5000] [--env=K=V]
-    python -m scripts.submit --config=... --dry_run     # print the request and the gcloud command; send nothing
-    python -m scripts.submit --config=cloud_configs/container_single_gpu.yaml ... --build_image --upload_model
+    python -m scripts.submit --config=cloud_configs/multi_worker_gpu.yaml --bucket=my-bucket \\
+        [--project=my-project] [--region=us-central1] [--args=--train_steps=5000] [--env=K=V]
+    python -m scripts.submit --config=... --dry_run     # print the requests and the gcloud command; send nothing
+    python -m scripts.submit --config=cloud_configs/single_gpu.yaml --bucket=B --upload_model --deploy
 
 The config is validated (scripts/vertex_config.py) before anything is built or uploaded. A custom-job config
 becomes a CustomJob, an hp-tuning config a HyperparameterTuningJob, submitted through google-cloud-aiplatform's
-JobService; the command then follows the job's state until it ends (--no_follow returns at once).
-Values not given as flags come from the environment (PROJECT, REGION, BUCKET, TRAINER_IMAGE).
+JobService; the command prints the job's console page and follows its state until it ends (--no_follow returns at
+once). The project and region come from the flags, else the environment or gcloud's configuration
+(scripts/gcp_context.py); BUCKET and TRAINER_IMAGE from the environment.
 
-containerSpec configs run the trainer image: --trainer_image names it (default
-REGION-docker.pkg.dev/PROJECT/vertex-tf-trainer/trainer:VERSION); --build_image first builds and pushes it from
-the Dockerfile through Cloud Build (scripts/cloud_build.py) and the job then runs that exact build, by digest.
+Every config in cloud_configs/ runs the trainer image (containerSpec): Vertex has no prebuilt TensorFlow training
+image any more (scripts/vertex_images.py). By default that is the Dockerfile's image in the project's Artifact
+Registry repository vertex-tf-trainer (made on first use), tagged `src-<digest>` by what it is built from (the
+sdist's files, the --extra_package archives, the Dockerfile, the TF version): an image of that tag is reused, else
+Cloud Build builds it (scripts/cloud_build.py); the job names it by digest. --trainer_image runs an image as it is;
+--build_image builds even when the tag exists. A pythonPackageSpec config of one's own is still taken while its
+prebuilt image is available, its sdist staged to the bucket.
 --upload_model registers the SavedModel in Model Registry once the job has succeeded (scripts/registry.py), served
 by the project's serving image (Dockerfile.serving, TF matching the training TF; --build_serving_image builds and
 pushes it through Cloud Build first, and the model then names that exact build), or --serving_image=prebuilt for
-Vertex's prebuilt TF prediction image (a warning when it is past, or near, its end of availability).
+Vertex's prebuilt TF prediction image (refused past its end of availability). A model exported earlier is
+registered with python -m scripts.register_model.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import glob
 import hashlib
 import json
@@ -36,8 +43,10 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from scripts import artifact_registry
 from scripts import clients
 from scripts import cloud_build
+from scripts import gcp_context
 from scripts import registry
 from scripts import vertex_config
 from trainer import paths
@@ -91,11 +100,8 @@ def build_extra_package(path: str, out_dir: str) -> str:
 
 
 def add_package_uris(body: dict, uris: list[str]) -> None:
-  """Lists `uris` after the trainer's in every Python-package pool's packageUris (Vertex installs them all)."""
-  if uris and any((pool or {}).get("containerSpec") and vertex_config.trainer_spec(pool)
-                  for pool in body.get("workerPoolSpecs", [])):
-    raise SubmitError("--extra_package applies to pythonPackageSpec pools; a containerSpec pool runs what its "
-                      "image holds: add your package to the Dockerfile (COPY and pip install it) instead")
+  """Lists `uris` after the trainer's in every Python-package pool's packageUris (Vertex installs them all). A
+  containerSpec pool runs what its image holds: there the packages go into the trainer image's build instead."""
   for pool in body.get("workerPoolSpecs", []):
     spec = (pool or {}).get("pythonPackageSpec")
     if spec is not None:
@@ -241,18 +247,24 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--config", required=True, help="a file in cloud_configs/")
-  parser.add_argument("--project", default=os.environ.get("PROJECT"))
-  parser.add_argument("--region", default=os.environ.get("REGION", "us-central1"))
+  parser.add_argument("--project", default=None, help=gcp_context.PROJECT_HELP)
+  parser.add_argument("--region", default=None, help=gcp_context.REGION_HELP)
   parser.add_argument("--bucket", default=os.environ.get("BUCKET"), help="staging and output bucket (no gs://)")
+  parser.add_argument("--service_account", default=None,
+                      help="the service account every replica runs as (the job's serviceAccount; default: Vertex's "
+                           "Custom Code Service Agent)")
   parser.add_argument("--display_name", default=None)
   parser.add_argument("--run_id", default=None, help="fills ${RUN_ID} (default: time stamp)")
   parser.add_argument("--args", action="append", default=[], help="extra trainer arg (repeatable)")
   parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for every trainer replica")
-  parser.add_argument("--image", default=None, help="override both CPU and GPU executor images")
+  parser.add_argument("--image", default=None, help="override both CPU and GPU executor images (pythonPackageSpec)")
   parser.add_argument("--trainer_image", default=os.environ.get("TRAINER_IMAGE"),
-                      help="the trainer image containerSpec pools run (fills ${TRAINER_IMAGE})")
+                      help="run this image in containerSpec pools, as it is (default: the Dockerfile's image in "
+                           f"REGION-docker.pkg.dev/PROJECT/{artifact_registry.REPOSITORY}/trainer, tagged by the "
+                           "source it is built from: built through Cloud Build unless that tag exists)")
   parser.add_argument("--build_image", action="store_true",
-                      help="build and push the trainer image from the Dockerfile through Cloud Build first")
+                      help="build and push the trainer image through Cloud Build even when an image of the same "
+                           "source exists (with --trainer_image: build it under that name)")
   parser.add_argument("--upload_model", action="store_true",
                       help="after the job succeeds, register its SavedModel in Vertex AI Model Registry")
   parser.add_argument("--serving_image", default=None,
@@ -271,8 +283,13 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--model_display_name", default=None, help="Model Registry name (default: the job's)")
   parser.add_argument("--extra_package", action="append", default=[], metavar="PATH",
                       help="your own package for every replica (repeatable): a directory with pyproject.toml or "
-                           "setup.py, or a built sdist/wheel; staged next to the trainer, listed in packageUris")
-  parser.add_argument("--dry_run", action="store_true", help="print the request and gcloud command; send nothing")
+                           "setup.py, or a built sdist/wheel; built into the trainer image (containerSpec) or "
+                           "staged next to the trainer and listed in packageUris (pythonPackageSpec)")
+  parser.add_argument("--dry_run", action="store_true",
+                      help="print the requests and the gcloud command, write the config it names; send nothing")
+  parser.add_argument("--rendered_config", default=None, metavar="PATH",
+                      help="--dry_run: where to write the filled config the gcloud command names (default: "
+                           "DISPLAY_NAME.yaml in the current directory)")
   parser.add_argument("--no_follow", action="store_true")
   parser.add_argument("--api_endpoint", default=os.environ.get("VERTEX_API_ENDPOINT"), help=argparse.SUPPRESS)
   parser.add_argument("--poll_secs", type=float, default=30.0)
@@ -280,14 +297,60 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(argv)
   try:
     return _submit(args)
-  except (SubmitError, vertex_config.ConfigError, registry.RegistryError) as e:
+  except (SubmitError, vertex_config.ConfigError, registry.RegistryError, artifact_registry.RepositoryError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
 
 
+_SERVICE_ACCOUNT = re.compile(r"^[a-z0-9][a-z0-9._-]*@[a-z0-9][a-z0-9.-]*\.[a-z]+$")
+
+
+def set_service_account(body: dict, kind: str, account: str | None) -> None:
+  """The job's serviceAccount: every replica (every trial's) runs with its credentials."""
+  if not account:
+    return
+  if not _SERVICE_ACCOUNT.match(account):
+    raise SubmitError(f"--service_account={account!r} is not a service account e-mail; expected "
+                      "NAME@PROJECT.iam.gserviceaccount.com")
+  (body["trialJobSpec"] if kind == "hp_tuning" else body)["serviceAccount"] = account
+
+
+def console_url(job_name: str) -> str:
+  """The job's page in the Cloud console, in the shape google-cloud-aiplatform's own `_dashboard_uri` prints."""
+  match = re.match(r"^projects/([^/]+)/locations/([^/]+)/\w+/([^/]+)$", job_name)
+  if not match:
+    return ""
+  project, location, job_id = match.groups()
+  return f"https://console.cloud.google.com/agent-platform/locations/{location}/training/{job_id}?project={project}"
+
+
+@dataclasses.dataclass
+class TrainerImage:
+  """The image the job's containerSpec pools run."""
+
+  target: str  # the name it is pushed (or was given) under
+  build: bool  # build it through Cloud Build (else it exists, or it is the user's own image)
+  reuse_if_tagged: bool  # look the target's tag up first and run what it names, by digest, when it exists
+
+
+def plan_trainer_image(args, archive: str, extras: list[str]) -> TrainerImage:
+  """--trainer_image as it is; else the Dockerfile's image tagged by the source it is built from, reused when
+  Artifact Registry has that tag (the same sdist, extra packages, Dockerfile and TF), built otherwise."""
+  if args.trainer_image and not args.build_image:
+    return TrainerImage(args.trainer_image, build=False, reuse_if_tagged=False)
+  if args.trainer_image:
+    return TrainerImage(args.trainer_image, build=True, reuse_if_tagged=False)
+  digest = cloud_build.source_digest(archive, extras=tuple(extras))
+  target = vertex_config.default_trainer_image(args.project, args.region, tag=f"src-{digest}")
+  return TrainerImage(target, build=True, reuse_if_tagged=not args.build_image)
+
+
 def _submit(args) -> int:
-  if not args.project:
-    raise SubmitError("--project is required (or set PROJECT)")
+  project = gcp_context.project(args.project)
+  if project is None:
+    raise SubmitError(f"{gcp_context.MISSING_PROJECT} (or set PROJECT)")
+  region = gcp_context.region(args.region)
+  args.project, args.region = project.value, region.value
   if not args.bucket:
     raise SubmitError("--bucket is required (or set BUCKET): the sdist is staged there")
   args.bucket = vertex_config.bucket_name(args.bucket)
@@ -296,7 +359,7 @@ def _submit(args) -> int:
   env = parse_env(args.env)
   if args.upload_model and args.no_follow:
     raise SubmitError("--upload_model waits for the job to succeed; drop --no_follow (or upload later with "
-                      "--upload_model on a dry run's printed request)")
+                      "python -m scripts.register_model)")
   with tempfile.TemporaryDirectory(prefix="submit-") as scratch:
     # Validate with a placeholder package first: a bad config fails before anything is built or uploaded.
     values = vertex_config.values_from(os.environ, project=args.project, region=args.region, bucket=args.bucket,
@@ -304,6 +367,7 @@ def _submit(args) -> int:
                                        trainer_image=args.trainer_image)
     pending = vertex_config.load(args.config, {**values, "PACKAGE_URI": f"gs://{args.bucket}/staging/pending.tar.gz"})
     checked = apply_overrides(pending, args.args, env)
+    set_service_account(checked, pending.kind, args.service_account)
     check_trainer_args(checked, pending.kind)
     if pending.kind == "hp_tuning":
       check_study(checked, args.config)
@@ -311,7 +375,9 @@ def _submit(args) -> int:
     containers = bool(pools[0].get("containerSpec"))
     if args.build_image and not containers:
       raise SubmitError(f"--build_image: {args.config} runs pythonPackageSpec pools on a prebuilt image; the trainer "
-                        "image is for containerSpec configs (cloud_configs/container_*.yaml)")
+                        "image is for containerSpec configs (every config in cloud_configs/)")
+    if args.trainer_image and containers and not args.build_image:
+      _check_image_name(args.trainer_image)
     parent = f"projects/{args.project}/locations/{args.region}"
     upload_request = None
     if args.upload_model:  # made (and checked) now; sent with the job's name once it has succeeded
@@ -342,7 +408,6 @@ def _submit(args) -> int:
     archive = build_sdist(scratch)
     uri = package_uri(args.bucket, archive)
     extras = stage_extra_packages(args.extra_package, args.bucket, scratch)
-    build_request = context = context_uri = None
     serving_build = serving_context = serving_context_uri = None
     if args.build_serving_image:
       serving_context = cloud_build.build_context(archive, scratch, serving=True)
@@ -350,28 +415,46 @@ def _submit(args) -> int:
       serving_build = cloud_build.build_request(project=args.project, region=args.region,
                                                 image=container["imageUri"], context_uri=serving_context_uri,
                                                 tf_version=registry.serving_tf_version(training_tf))
-    if args.build_image:
-      context = cloud_build.build_context(archive, scratch)
+    image = plan_trainer_image(args, archive, [a for a, _ in extras]) if containers else None
+    context = context_uri = build_request = None
+    if image and image.build:
+      context = cloud_build.build_context(archive, scratch, extras=tuple(a for a, _ in extras))
       context_uri = f"gs://{args.bucket}/staging/{os.path.basename(context)}"
-      build_request = cloud_build.build_request(project=args.project, region=args.region,
-                                                image=values.get("TRAINER_IMAGE") or vertex_config.default_trainer_image(
-                                                    args.project, args.region), context_uri=context_uri)
+      build_request = cloud_build.build_request(project=args.project, region=args.region, image=image.target,
+                                                context_uri=context_uri)
     if pending.kind == "hp_tuning" and not check_study(checked, args.config, packages=[a for a, _ in extras]):
       print("warning: the trials' --model is not importable here (pass its package with --extra_package): the "
             "study's parameters were checked against the trainer's own flags only", file=sys.stderr)
-    config = vertex_config.load(args.config, {**values, "PACKAGE_URI": uri})
-    body = apply_overrides(config, args.args, env)
-    add_package_uris(body["trialJobSpec"] if config.kind == "hp_tuning" else body, [u for _, u in extras])
-    request = request_for(config.kind, body, display_name)
+
+    def job_request(trainer_image: str | None) -> tuple[vertex_config.JobConfig, dict, dict]:
+      filled = {**values, "PACKAGE_URI": uri, **({"TRAINER_IMAGE": trainer_image} if trainer_image else {})}
+      config = vertex_config.load(args.config, filled)
+      body = apply_overrides(config, args.args, env)
+      set_service_account(body, config.kind, args.service_account)
+      add_package_uris(body["trialJobSpec"] if config.kind == "hp_tuning" else body, [u for _, u in extras])
+      return config, body, request_for(config.kind, body, display_name)
+
+    config, body, request = job_request(image.target if image else None)
+    print(f"project {project}, region {region}", file=sys.stderr)  # once every check has passed
     for warning in config.warnings:
       print(f"warning: {warning}", file=sys.stderr)
     if args.dry_run:
-      rendered = os.path.join(tempfile.gettempdir(), f"{display_name}.yaml")
+      rendered = args.rendered_config or os.path.join(os.getcwd(), f"{display_name}.yaml")
       import yaml  # pylint: disable=g-import-not-at-top
-      with open(rendered, "w") as f:
-        yaml.safe_dump(body, f, sort_keys=False)
-      printed = {"parent": parent, "package": {"local": "(built at submit time)", "uri": uri},
-                 "extra_packages": [{"local": a, "uri": u} for a, u in extras], "request": request}
+      try:
+        with open(rendered, "w") as f:
+          yaml.safe_dump(body, f, sort_keys=False)
+      except OSError as e:
+        raise SubmitError(f"--rendered_config={rendered}: cannot write it ({e.strerror})") from None
+      printed = {"parent": parent, "request": request}
+      if not containers:  # a container holds its packages; a Python-package pool installs them from the bucket
+        printed.update(package={"local": "(built at submit time)", "uri": uri},
+                       extra_packages=[{"local": a, "uri": u} for a, u in extras])
+      if image:
+        printed["trainer_image"] = {
+            "image": image.target,
+            "how": ("reused by digest if Artifact Registry has this tag (the same source), else built" if
+                    image.reuse_if_tagged else "built through Cloud Build" if image.build else "run as given")}
       if build_request:
         printed["build"] = {"context": context_uri, "request": build_request}
       if serving_build:
@@ -383,30 +466,33 @@ def _submit(args) -> int:
       for warning in serving_warnings if upload_request else ():
         print(f"warning: {warning}", file=sys.stderr)
       print(json.dumps(printed, indent=2))
-      first = (f"build and push the trainer image ({'the build above' if build_request else 'Dockerfile'})"
-               if containers else f"upload the sdist to {uri}")
-      print(f"# config written to {rendered}; {first}, then:")
+      first = (f"push the trainer image {image.target} ({'the build above' if build_request else 'as given'})"
+               if image else f"upload the sdist to {uri}")
+      print(f"# config written to {os.path.relpath(rendered)}; {first}, then:")
       print(gcloud_command(config.kind, project=args.project, region=args.region, display_name=display_name,
-                           config_file=rendered))
+                           config_file=os.path.relpath(rendered)))
       return 0
     for warning in serving_warnings if upload_request else ():
       print(f"warning: {warning}", file=sys.stderr)
-    contexts = [(c, u) for c, u in ((context, context_uri), (serving_context, serving_context_uri)) if c]
-    for local, remote in [(archive, uri), *extras, *contexts]:
+    built = None
+    if image and image.build:
+      built = _existing_or_built(args, image, build_request, context, context_uri)
+    contexts = [(c, u) for c, u in ((serving_context, serving_context_uri),) if c]
+    staged = [(archive, uri), *extras] if not containers else []  # a container holds its packages
+    for local, remote in [*staged, *contexts]:
       upload(local, remote)
       print(f"staged {os.path.basename(local)} -> {remote}", flush=True)
     if serving_build:
       built_serving = _build(serving_build, "--build_serving_image", args.api_endpoint)
       container.update(registry.serving_spec(built_serving))  # the model names exactly this build, by digest
-    if build_request:
-      built = _build(build_request, "--build_image", args.api_endpoint)
-      # The job runs exactly this build: the image by digest, in every trainer pool.
-      config = vertex_config.load(args.config, {**values, "PACKAGE_URI": uri, "TRAINER_IMAGE": built})
-      body = apply_overrides(config, args.args, env)
-      request = request_for(config.kind, body, display_name)
+    if built:  # the job runs exactly this image, by digest, in every trainer pool
+      config, body, request = job_request(built)
     client = job_client(args.region, args.api_endpoint)
     job = create_job(client, config.kind, parent, request)
     print(f"submitted {job.name}", flush=True)
+    url = console_url(job.name)
+    if url:
+      print(f"console: {url}", flush=True)
     if args.no_follow:
       return 0
     state = follow(client, config.kind, job.name, poll_secs=args.poll_secs, timeout_secs=args.timeout_secs)
@@ -424,6 +510,30 @@ def _submit(args) -> int:
         print(f"deployed {model} to {endpoint} (deployed model {deployed_id}, {args.traffic_percent}% of its "
               "traffic)", flush=True)
     return 0
+
+
+def _check_image_name(image: str) -> None:
+  if not re.match(r"^[a-z0-9.-]+(?::\d+)?/[\w./-]+(?::[\w.-]+|@sha256:[0-9a-f]{64})?$", image):
+    raise SubmitError(f"--trainer_image={image!r} is not an image name; expected e.g. "
+                      f"REGION-docker.pkg.dev/PROJECT/{artifact_registry.REPOSITORY}/trainer:TAG")
+
+
+def _existing_or_built(args, image: TrainerImage, build_request: dict, context: str, context_uri: str) -> str:
+  """The trainer image by digest: the one Artifact Registry already holds under the target's tag (same source),
+  else a new Cloud Build of it (its context staged first). The repository is made on first use."""
+  name = artifact_registry.ImageName.parse(image.target)
+  if name is not None:
+    registry_client = artifact_registry.client(args.api_endpoint)
+    if artifact_registry.ensure_repository(registry_client, name):
+      print(f"created the Artifact Registry repository {name.repository_name}", flush=True)
+    if image.reuse_if_tagged:
+      existing = artifact_registry.find_tag(registry_client, name, name.tag)
+      if existing:
+        print(f"reusing {existing} ({name.uri}:{name.tag}: built from the same source)", flush=True)
+        return existing
+  upload(context, context_uri)
+  print(f"staged {os.path.basename(context)} -> {context_uri}", flush=True)
+  return _build(build_request, "--build_image", args.api_endpoint)
 
 
 def _build(request: dict, flag: str, api_endpoint: str | None) -> str:

@@ -7,10 +7,11 @@ takes it. Placeholders `${NAME}` are filled from a mapping (flags or environment
     PROJECT, REGION, BUCKET, PACKAGE_URI, RUN_ID, CPU_IMAGE, GPU_IMAGE, TRAINER_IMAGE
 
 Validation = the real API types (`json_format.ParseDict` into aiplatform_v1 protos rejects unknown fields,
-misspelled keys and bad enums) + what the types cannot see: required fields, prebuilt TF executor images,
-the trainer image and command of containerSpec pools, pool order and sizes, accelerator plausibility. Every
-error is one line naming the file and the field. A prebuilt image past its end of availability is a warning
-(`JobConfig.warnings`), not an error: Vertex may still run it today, and the container configs are the way on.
+misspelled keys and bad enums) + what the types cannot see: required fields, the trainer image and command of
+containerSpec pools, pool order and sizes, machine and accelerator pairs. Every error is one line naming the file
+and the field. A prebuilt TF training image past its end of availability (scripts/vertex_images.py: every TF one,
+since 2026-07-11) is an error naming the image, its date and the trainer image to use instead; a machine family
+the table below does not know is a warning (`JobConfig.warnings`): Vertex decides.
 
     python -m scripts.vertex_config cloud_configs/*.yaml      # validates, prints one line per file
 """
@@ -28,22 +29,16 @@ from typing import Mapping
 
 import yaml
 
+from scripts import vertex_images
+
 DEFAULT_IMAGES = {
-    # Vertex AI prebuilt TensorFlow training images (Python 3.10); the trainer must not reinstall TF there.
+    # Vertex AI's newest prebuilt TensorFlow training images (Python 3.10), kept so that a config of one's own
+    # naming ${CPU_IMAGE}/${GPU_IMAGE} is told why it cannot run (scripts/vertex_images.py), not "no value".
     "CPU_IMAGE": "us-docker.pkg.dev/vertex-ai/training/tf-cpu.2-17.py310:latest",
     "GPU_IMAGE": "us-docker.pkg.dev/vertex-ai/training/tf-gpu.2-17.py310:latest",
 }
 PLACEHOLDERS = ("PROJECT", "REGION", "BUCKET", "PACKAGE_URI", "RUN_ID", "CPU_IMAGE", "GPU_IMAGE", "TRAINER_IMAGE")
 
-# Vertex's prebuilt TensorFlow training images the trainer can use (TF >= 2.16: Keras 3), by the `2-NN` in their
-# name: TF version, Python, end of availability. Read 2026-12 from Vertex's supported-frameworks page, which gives
-# 2.17 (the newest) 2026-07-11; 2.16's date is not given there any more, and it left no later than 2.17. Re-check
-# there when a new image appears. Past the date a job may stop being accepted: use a container config
-# (cloud_configs/container_*.yaml, the Dockerfile's image at the project's TF).
-PREBUILT_TRAINING_IMAGES = {
-    "2-17": ("2.17", "3.10", "2026-07-11"),
-    "2-16": ("2.16", "3.10", "2026-07-11"),
-}
 # The trainer image this project builds (Dockerfile): its TF is the one requirements-dev.txt pins and CI tests.
 TRAINER_IMAGE_TF = "2.21"
 # What a containerSpec may run: the trainer, as the Dockerfile's ENTRYPOINT runs it (or the console script).
@@ -55,17 +50,35 @@ REDUCTION_SERVER_IMAGE = re.compile(r"^us-docker\.pkg\.dev/vertex-ai-restricted/
 POOL_ROLES = ("chief (workerpool0)", "workers (workerpool1)", "parameter servers or Reduction Server (workerpool2)",
               "evaluators (workerpool3)")
 
-# Machine-type family -> accelerators it can carry and the counts allowed (Vertex AI's published matrix, reduced).
+# Machine types and the accelerators they carry, from Vertex's "configure compute resources" page (read
+# 2026-12-06). n1 machines take attachable GPUs in these counts; the accelerator-optimized families come with a
+# fixed GPU model and count. A family not listed here is a warning, not an error: Vertex adds machines faster than
+# this table, and it judges the request itself.
 _N1_GPUS = {"NVIDIA_TESLA_T4": (1, 2, 4), "NVIDIA_TESLA_V100": (1, 2, 4, 8), "NVIDIA_TESLA_P100": (1, 2, 4),
             "NVIDIA_TESLA_P4": (1, 2, 4)}
-_FIXED_GPUS = [  # (machine type pattern, accelerator, count from the name)
-    (re.compile(r"^a2-highgpu-(\d+)g$"), "NVIDIA_TESLA_A100"),
-    (re.compile(r"^a2-ultragpu-(\d+)g$"), "NVIDIA_A100_80GB"),
-    (re.compile(r"^a3-highgpu-(\d+)g$"), "NVIDIA_H100_80GB"),
-    (re.compile(r"^a3-megagpu-(\d+)g$"), "NVIDIA_H100_MEGA_80GB"),
-]
-_G2_GPUS = {"g2-standard-4": 1, "g2-standard-8": 1, "g2-standard-12": 1, "g2-standard-16": 1, "g2-standard-32": 1,
-            "g2-standard-24": 2, "g2-standard-48": 4, "g2-standard-96": 8}
+_FIXED_GPUS = {  # machine type -> (accelerator, count)
+    **{f"a2-highgpu-{n}g": ("NVIDIA_TESLA_A100", n) for n in (1, 2, 4, 8)},
+    "a2-megagpu-16g": ("NVIDIA_TESLA_A100", 16),
+    **{f"a2-ultragpu-{n}g": ("NVIDIA_A100_80GB", n) for n in (1, 2, 4, 8)},
+    **{f"a3-highgpu-{n}g": ("NVIDIA_H100_80GB", n) for n in (1, 2, 4, 8)},
+    "a3-edgegpu-8g": ("NVIDIA_H100_80GB", 8),  # A3 Edge
+    "a3-megagpu-8g": ("NVIDIA_H100_MEGA_80GB", 8),  # A3 Mega
+    "a3-ultragpu-8g": ("NVIDIA_H200_141GB", 8),  # A3 Ultra
+    "a4-highgpu-8g": ("NVIDIA_B200", 8),  # A4
+    "a4x-highgpu-4g": ("NVIDIA_GB200", 4),  # A4X (Arm hosts)
+    **{f"g2-standard-{n}": ("NVIDIA_L4", 1) for n in (4, 8, 12, 16, 32)},
+    "g2-standard-24": ("NVIDIA_L4", 2), "g2-standard-48": ("NVIDIA_L4", 4), "g2-standard-96": ("NVIDIA_L4", 8),
+    "g4-standard-48": ("NVIDIA_RTX_PRO_6000", 1), "g4-standard-96": ("NVIDIA_RTX_PRO_6000", 2),  # G4
+    "g4-standard-192": ("NVIDIA_RTX_PRO_6000", 4), "g4-standard-384": ("NVIDIA_RTX_PRO_6000", 8),
+}
+_TPUS = {  # machine type prefix -> (accelerator, counts); TPU v6e's accelerator is not in aiplatform_v1 1.165's enum
+    "cloud-tpu": ("TPU_V2 or TPU_V3", (8,)),
+    "ct4p-hightpu-": ("TPU_V4_POD", (4,)),
+    "ct5lp-hightpu-": ("TPU_V5_LITEPOD", (1, 4, 8)),
+    "ct6e-standard-": ("TPU_V6E", (1, 4, 8)),
+}
+# Families that carry no accelerator of their own: a GPU asked for on one of them is surely wrong.
+_CPU_ONLY_FAMILIES = ("e2-", "n2-", "n2d-", "c2-", "c2d-", "c3-", "c3d-", "c4-", "m1-", "m2-", "m3-", "t2d-")
 
 
 class ConfigError(ValueError):
@@ -98,8 +111,8 @@ class JobConfig:
     return self.body["trialJobSpec"] if self.kind == "hp_tuning" else self.body
 
 
-def load(path: str, values: Mapping[str, str]) -> JobConfig:
-  """Reads, fills and validates a config file."""
+def load(path: str, values: Mapping[str, str], *, today: datetime.date | None = None) -> JobConfig:
+  """Reads, fills and validates a config file (images' availability judged on `today`, default the real date)."""
   try:
     with open(path) as f:
       text = f.read()
@@ -118,7 +131,7 @@ def load(path: str, values: Mapping[str, str]) -> JobConfig:
   body = json.loads(json.dumps(body))
   kind = "hp_tuning" if "trialJobSpec" in body or "studySpec" in body else "custom_job"
   config = JobConfig(path=path, kind=kind, body=body)
-  return dataclasses.replace(config, warnings=tuple(validate(config)))
+  return dataclasses.replace(config, warnings=tuple(validate(config, today=today)))
 
 
 def fill(text: str, values: Mapping[str, str], path: str) -> str:
@@ -138,12 +151,12 @@ def fill(text: str, values: Mapping[str, str], path: str) -> str:
   return string.Template(body).substitute(merged)
 
 
-def default_trainer_image(project: str, region: str) -> str:
-  """Where --build_image pushes the Dockerfile's image unless --trainer_image says otherwise: the project's
-  Artifact Registry repository `vertex-tf-trainer` in the job's region, tagged with the trainer's version."""
+def default_trainer_image(project: str, region: str, *, tag: str | None = None) -> str:
+  """The trainer image in the project's Artifact Registry repository `vertex-tf-trainer` in the job's region:
+  `submit` tags it by the source it is built from (`src-<digest>`); the version tag names it before that."""
   from trainer import __version__  # pylint: disable=g-import-not-at-top
 
-  return f"{region}-docker.pkg.dev/{project}/vertex-tf-trainer/trainer:{__version__}"
+  return f"{region}-docker.pkg.dev/{project}/vertex-tf-trainer/trainer:{tag or __version__}"
 
 
 def validate(config: JobConfig, *, today: datetime.date | None = None) -> list[str]:
@@ -160,6 +173,7 @@ def validate(config: JobConfig, *, today: datetime.date | None = None) -> list[s
     for required in ("studySpec", "trialJobSpec", "maxTrialCount"):
       if required not in body:
         raise ConfigError(f"{path}: hyperparameter-tuning config needs '{required}'")
+  _check_accelerator_names(config.job_spec, path)  # before the proto's own, less helpful, enum error
   try:
     json_format.ParseDict(body, proto)
   except json_format.ParseError as e:
@@ -175,6 +189,37 @@ def validate(config: JobConfig, *, today: datetime.date | None = None) -> list[s
                         f"(--hypertune_metric={reported[0]})")
   return _validate_job_spec(config.job_spec, path, prefix="trialJobSpec." if config.kind == "hp_tuning" else "",
                             today=today or datetime.date.today())
+
+
+def _check_accelerator_names(spec: dict, path: str) -> None:
+  from google.cloud import aiplatform_v1  # pylint: disable=g-import-not-at-top
+
+  known = [e.name for e in aiplatform_v1.AcceleratorType if e.name != "ACCELERATOR_TYPE_UNSPECIFIED"]
+  for index, pool in enumerate(spec.get("workerPoolSpecs") or []):
+    kind = ((pool or {}).get("machineSpec") or {}).get("acceleratorType")
+    if kind and kind != "ACCELERATOR_TYPE_UNSPECIFIED" and kind not in known:
+      raise ConfigError(f"{path}: workerPoolSpecs[{index}].machineSpec.acceleratorType {kind!r} is not an "
+                        f"accelerator Vertex names; expected one of {', '.join(known)}")
+
+
+def _check_scheduling(spec: dict, path: str, prefix: str) -> None:
+  """Dynamic Workload Scheduler (FLEX_START) rules from Vertex's docs: the same machine in every pool, a timeout
+  of at most 7 days; maxWaitDuration only means something with it."""
+  scheduling = spec.get("scheduling") or {}
+  strategy = scheduling.get("strategy")
+  if "maxWaitDuration" in scheduling and strategy != "FLEX_START":
+    raise ConfigError(f"{path}: {prefix}scheduling.maxWaitDuration applies to strategy FLEX_START (Dynamic "
+                      f"Workload Scheduler), got strategy {strategy or 'unset'}")
+  if strategy != "FLEX_START":
+    return
+  machines = {json.dumps(p.get("machineSpec"), sort_keys=True) for p in spec["workerPoolSpecs"]
+              if p and not _is_reduction_server(p)}
+  if len(machines) > 1:
+    raise ConfigError(f"{path}: {prefix}scheduling.strategy FLEX_START needs the same machineSpec in every worker "
+                      "pool (Dynamic Workload Scheduler provisions one shape)")
+  timeout = scheduling.get("timeout")
+  if timeout and float(str(timeout).rstrip("s")) > 7 * 24 * 3600:
+    raise ConfigError(f"{path}: {prefix}scheduling.timeout {timeout} is over FLEX_START's 7 days (604800s)")
 
 
 def _validate_job_spec(spec: dict, path: str, *, prefix: str, today: datetime.date) -> list[str]:
@@ -199,7 +244,9 @@ def _validate_job_spec(spec: dict, path: str, *, prefix: str, today: datetime.da
     machine = pool.get("machineSpec", {})
     if not machine.get("machineType"):
       raise ConfigError(f"{path}: {where}.machineSpec.machineType is required")
-    _check_accelerator(machine, f"{path}: {where}.machineSpec")
+    warning = _check_accelerator(machine, f"{path}: {where}.machineSpec")
+    if warning and warning not in warnings:
+      warnings.append(warning)
     package = pool.get("pythonPackageSpec")
     container = pool.get("containerSpec")
     if container and _is_reduction_server(pool) and index != 2:
@@ -241,7 +288,7 @@ def _validate_job_spec(spec: dict, path: str, *, prefix: str, today: datetime.da
     if package["pythonModule"] != "trainer.task":
       raise ConfigError(f"{path}: {where}.pythonPackageSpec.pythonModule is {package['pythonModule']!r}; the "
                         "package provides trainer.task")
-    warning = _availability_warning(image, path, today)  # once per image and file, not per pool
+    warning = _check_availability(image, f"{path}: {where}.pythonPackageSpec.executorImageUri", today)
     if warning and warning not in warnings:
       warnings.append(warning)
   kinds = {"container" if (p or {}).get("containerSpec") else "package" for p in pools
@@ -250,6 +297,7 @@ def _validate_job_spec(spec: dict, path: str, *, prefix: str, today: datetime.da
     raise ConfigError(f"{path}: {prefix}workerPoolSpecs mix pythonPackageSpec and containerSpec trainer pools; every "
                       "replica must run the same TensorFlow (collectives and checkpoints cross replicas): use one "
                       "kind for every trainer pool")
+  _check_scheduling(spec, path, prefix)
   has = [bool(p) for p in pools] + [False] * (4 - len(pools))
   if has[2] and not has[1] and not _is_reduction_server(pools[2]):
     raise ConfigError(f"{path}: {prefix}workerPoolSpecs[2] (parameter servers) needs workers in "
@@ -257,19 +305,28 @@ def _validate_job_spec(spec: dict, path: str, *, prefix: str, today: datetime.da
   return warnings
 
 
-def prebuilt_image_info(image: str) -> tuple[str, str, str] | None:
-  """(TF version, Python, end of availability) of a prebuilt TF training image, or None if it is not one."""
+def prebuilt_image_info(image: str) -> vertex_images.PrebuiltImage | None:
+  """The table's entry for a prebuilt TF training image, or None if it is not one."""
   match = PREBUILT_TF_IMAGE.match(image)
-  return PREBUILT_TRAINING_IMAGES.get(f"2-{match.group(2)}") if match else None
+  return vertex_images.TRAINING.get(f"2-{match.group(2)}") if match else None
 
 
-def _availability_warning(image: str, where: str, today: datetime.date) -> str | None:
+def _check_availability(image: str, where: str, today: datetime.date) -> str | None:
+  """Refuses a prebuilt training image past its end of availability (a job on it fails on Vertex after staging);
+  warns in the last days before it."""
   info = prebuilt_image_info(image)
-  if info is None or datetime.date.fromisoformat(info[2]) >= today:
-    return None
-  return (f"{where}: {image.rsplit('/', 1)[-1]} (TF {info[0]}) is past its end of availability {info[2]} on "
-          "Vertex's supported-frameworks page: Vertex may refuse it; the container configs "
-          "(cloud_configs/container_*.yaml) run the trainer image built from the Dockerfile instead")
+  name = image.rsplit("/", 1)[-1]
+  if info is None:
+    raise ConfigError(f"{where}: {name} is not a prebuilt TF training image Vertex lists ({vertex_images.SOURCE}: "
+                      f"{', '.join(f'tf-*.{k}' for k in vertex_images.TRAINING)}); {vertex_images.TRAINER_IMAGE_INSTEAD}")
+  ends = info.end_of_availability
+  if ends < today:
+    raise ConfigError(f"{where}: {name} (TF {info.tf_version}) reached its end of availability on {ends.isoformat()} "
+                      f"({vertex_images.SOURCE}) and Vertex no longer runs it; {vertex_images.TRAINER_IMAGE_INSTEAD}")
+  if (ends - today).days <= vertex_images.WARN_DAYS:
+    return (f"{where}: {name} (TF {info.tf_version}) reaches its end of availability on {ends.isoformat()}; "
+            "move to the trainer image (containerSpec, ${TRAINER_IMAGE})")
+  return None
 
 
 def _check_trainer_container(container: dict, machine: dict, where: str) -> None:
@@ -315,40 +372,55 @@ def _trainer_args(pool: dict) -> list[str]:
   return list((trainer_spec(pool) or {}).get("args", []))
 
 
-def _check_accelerator(machine: dict, where: str) -> None:
+def _check_accelerator(machine: dict, where: str) -> str | None:
+  """Raises ConfigError for a machine/accelerator pair Vertex surely refuses; returns a warning for a machine
+  family this table does not know (Vertex decides). The accelerator's name was checked before."""
   kind = machine.get("acceleratorType")
   count = machine.get("acceleratorCount", 0)
   machine_type = machine["machineType"]
   if not kind or kind == "ACCELERATOR_TYPE_UNSPECIFIED":
     if count:
       raise ConfigError(f"{where}: acceleratorCount {count} without an acceleratorType")
-    return
+    fixed = _FIXED_GPUS.get(machine_type)
+    if fixed:
+      raise ConfigError(f"{where}: {machine_type} comes with {fixed[1]} x {fixed[0]}; give acceleratorType "
+                        f"{fixed[0]} and acceleratorCount {fixed[1]}")
+    return None
   if kind.startswith("TPU"):
-    if not machine_type.startswith("cloud-tpu") and not machine_type.startswith("ct"):
-      raise ConfigError(f"{where}: {kind} needs a TPU machine type (cloud-tpu, ct5lp-...), got {machine_type}")
-    return
+    for prefix, (tpu, counts) in _TPUS.items():
+      if machine_type.startswith(prefix):
+        if kind not in tpu.split(" or "):
+          raise ConfigError(f"{where}: {machine_type} carries {tpu}, got {kind}")
+        return None
+    if machine_type.startswith(("n1-", "a2-", "a3-", "a4", "g2-", "g4-") + _CPU_ONLY_FAMILIES):
+      raise ConfigError(f"{where}: {kind} needs a TPU machine type ({', '.join(p.rstrip('-') + '...' for p in _TPUS)}"
+                        f"), got {machine_type}")
+    return f"{where}: {machine_type} is not a TPU machine type this project knows; Vertex will judge {kind} on it"
   if machine_type.startswith("n1-"):
     allowed = _N1_GPUS.get(kind)
     if allowed is None:
       raise ConfigError(f"{where}: {kind} cannot attach to {machine_type}; n1 machines take "
-                        f"{', '.join(_N1_GPUS)}")
+                        f"{', '.join(_N1_GPUS)} (an {kind} comes with its own machine type: "
+                        f"{', '.join(m for m, (a, _) in _FIXED_GPUS.items() if a == kind) or 'see Vertex'})")
     if count not in allowed:
       raise ConfigError(f"{where}: acceleratorCount {count} is not valid for {kind} on {machine_type}; "
                         f"allowed: {', '.join(map(str, allowed))}")
-    return
-  for pattern, accelerator in _FIXED_GPUS:
-    match = pattern.match(machine_type)
-    if match:
-      if kind != accelerator or count != int(match.group(1)):
-        raise ConfigError(f"{where}: {machine_type} comes with {match.group(1)} x {accelerator}; got {count} x {kind}")
-      return
-  if machine_type in _G2_GPUS:
-    if kind != "NVIDIA_L4" or count != _G2_GPUS[machine_type]:
-      raise ConfigError(f"{where}: {machine_type} comes with {_G2_GPUS[machine_type]} x NVIDIA_L4; "
-                        f"got {count} x {kind}")
-    return
-  raise ConfigError(f"{where}: {machine_type} takes no GPUs ({count} x {kind} requested); use an n1, a2, a3 or g2 "
-                    "machine type")
+    return None
+  fixed = _FIXED_GPUS.get(machine_type)
+  if fixed:
+    if (kind, count) != fixed:
+      raise ConfigError(f"{where}: {machine_type} comes with {fixed[1]} x {fixed[0]}; got {count} x {kind}")
+    return None
+  if machine_type.startswith(_CPU_ONLY_FAMILIES) or machine_type.startswith(("cloud-tpu", "ct")):
+    raise ConfigError(f"{where}: {machine_type} takes no GPUs ({count} x {kind} requested); GPUs come on n1 "
+                      "(attached) and the accelerator-optimized a2, a3, a4, a4x, g2 and g4 machine types")
+  family = machine_type.split("-")[0]
+  if family in {m.split("-")[0] for m in _FIXED_GPUS}:
+    sizes = sorted(m for m, (a, _) in _FIXED_GPUS.items() if m.startswith(family + "-"))
+    raise ConfigError(f"{where}: {machine_type} is not a {family} machine type Vertex lists; {family} has "
+                      f"{', '.join(sizes)}")
+  return (f"{where}: {machine_type} is a machine family this project's table (scripts/vertex_config.py, read "
+          f"2026-12-06) does not know; Vertex will judge {count} x {kind} on it")
 
 
 def _one_line(message: str) -> str:

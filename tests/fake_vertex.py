@@ -33,6 +33,19 @@ class FakeVertex:
     """Bodies of the POSTs that created resources of `collection` (customJobs, pipelineJobs, schedules...)."""
     return [r["body"] for r in self.requests if r["method"] == "POST" and r["collection"] == collection]
 
+  def push_image(self, image: str, digest: str) -> None:
+    """Records an Artifact Registry image `REGION-docker.pkg.dev/P/REPO/PACKAGE:TAG` as pushed (its repository too),
+    as Artifact Registry's API then answers for it."""
+    match = re.match(r"^([a-z0-9-]+)-docker\.pkg\.dev/([^/]+)/([^/]+)/([^:@]+):([\w.-]+)$", image)
+    if not match:
+      return
+    location, project, repository, package, tag = match.groups()
+    repo = f"projects/{project}/locations/{location}/repositories/{repository}"
+    self.resources.setdefault(repo, {"name": repo, "format": "DOCKER"})
+    package_name = f"{repo}/packages/{package.replace('/', '%2F')}"
+    self.resources[f"{package_name}/tags/{tag}"] = {"name": f"{package_name}/tags/{tag}",
+                                                     "version": f"{package_name}/versions/{digest}"}
+
   def _handler(self):
     fake = self
 
@@ -77,8 +90,15 @@ class FakeVertex:
         if collection == "models:upload":
           return self._reply(200, {"name": operation, "done": True, "response": {
               "@type": "type.googleapis.com/google.cloud.aiplatform.v1.UploadModelResponse", "model": name}})
+        if collection == "repositories":  # Artifact Registry: named by the request's repositoryId
+          query = dict(q.split("=", 1) for q in self.path.partition("?")[2].split("&") if "=" in q)
+          name = f"{match.group(1)}/repositories/{query.get('repositoryId', '')}"
+          fake.resources[name] = {**body, "name": name}
+          return self._reply(200, {"name": operation, "done": True, "response": {
+              "@type": "type.googleapis.com/google.devtools.artifactregistry.v1.Repository", **fake.resources[name]}})
         if collection == "builds":
           image = body.get("images", [""])[0]
+          fake.push_image(image, "sha256:" + "ab" * 32)  # what Cloud Build pushes, Artifact Registry then lists
           return self._reply(200, {"name": operation, "done": True, "response": {
               "@type": "type.googleapis.com/google.devtools.cloudbuild.v1.Build", **body, "id": name.rsplit("/", 1)[1],
               "status": "SUCCESS", "results": {"images": [{"name": image, "digest": "sha256:" + "ab" * 32}]}}})

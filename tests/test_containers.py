@@ -3,6 +3,7 @@ availability, Cloud Build, and Model Registry. Requests are captured by the fake
 the API's own types; the build context and sdist go to the emulated bucket."""
 
 import datetime
+import glob
 import io
 import json
 import os
@@ -18,6 +19,7 @@ from google.protobuf import json_format
 
 import fake_vertex
 import procs
+import user_package
 from scripts import cloud_build
 from scripts import registry
 from scripts import submit
@@ -40,11 +42,11 @@ baseOutputDirectory: {outputUriPrefix: gs://b/runs/r1}
 def _load(tmp_path, text, values=VALUES):
   path = tmp_path / "job.yaml"
   path.write_text(text)
-  return vertex_config.load(str(path), values)
+  return vertex_config.load(str(path), values, today=datetime.date(2026, 1, 5))  # a prebuilt image still offered
 
 
 def test_container_configs_run_the_trainer_image(tmp_path):
-  for name in ("container_single_gpu.yaml", "container_multi_worker_gpu.yaml", "container_parameter_server.yaml"):
+  for name in ("single_gpu.yaml", "multi_worker_gpu.yaml", "parameter_server.yaml"):
     config = vertex_config.load(os.path.join(procs.REPO, "cloud_configs", name), VALUES)
     for pool in config.body["workerPoolSpecs"]:
       assert pool["containerSpec"]["imageUri"] == "us-central1-docker.pkg.dev/p/vertex-tf-trainer/trainer:0.1.0"
@@ -73,24 +75,30 @@ def test_bad_container_configs(tmp_path, text, message):
   assert "\n" not in str(raised.value)
 
 
-def test_a_prebuilt_image_past_its_end_of_availability_is_a_warning_not_an_error():
-  path = os.path.join(procs.REPO, "cloud_configs", "single_cpu.yaml")
-  config = vertex_config.JobConfig(path=path, kind="custom_job",
-                                   body=vertex_config.load(path, VALUES).body)
-  assert vertex_config.validate(config, today=datetime.date(2026, 7, 11)) == []  # the last day it is offered
-  (warning,) = vertex_config.validate(config, today=datetime.date(2026, 7, 12))
-  assert warning.startswith(f"{path}: tf-cpu.2-17.py310:latest (TF 2.17) is past its end of availability "
-                            "2026-07-11") and "cloud_configs/container_*.yaml" in warning
-  assert vertex_config.prebuilt_image_info(config.body["workerPoolSpecs"][0]["pythonPackageSpec"]
-                                           ["executorImageUri"]) == ("2.17", "3.10", "2026-07-11")
+def test_the_images_table_refuses_a_prebuilt_image_from_the_day_after_its_end(tmp_path):
+  own = tmp_path / "own.yaml"
+  own.write_text(CONTAINER.replace("""    containerSpec:
+      imageUri: ${TRAINER_IMAGE}
+      command: [python3, -m, trainer.task]
+      args: [--train_steps=10]""", """    pythonPackageSpec:
+      executorImageUri: ${CPU_IMAGE}
+      packageUris: [${PACKAGE_URI}]
+      pythonModule: trainer.task"""))
+  assert vertex_config.load(str(own), VALUES, today=datetime.date(2026, 3, 1)).warnings == ()
+  assert len(vertex_config.load(str(own), VALUES, today=datetime.date(2026, 7, 11)).warnings) == 1  # its last day
+  with pytest.raises(vertex_config.ConfigError, match=r"tf-cpu\.2-17\.py310:latest \(TF 2\.17\) reached its end of "
+                     r"availability on 2026-07-11 \(Vertex AI's supported-frameworks page, read 2026-12-06\)"):
+    vertex_config.load(str(own), VALUES, today=datetime.date(2026, 7, 12))
+  info = vertex_config.prebuilt_image_info("us-docker.pkg.dev/vertex-ai/training/tf-gpu.2-17.py310:latest")
+  assert (info.tf_version, info.python, info.end_of_availability) == ("2.17", "3.10", datetime.date(2026, 7, 11))
 
 
-def test_the_validator_prints_the_warning_and_still_passes():
-  result = subprocess.run([sys.executable, "-m", "scripts.vertex_config", "cloud_configs/single_cpu.yaml"],
+def test_the_validator_passes_every_shipped_config_without_a_warning():
+  configs = sorted(os.path.relpath(p, procs.REPO) for p in glob.glob(os.path.join(procs.REPO, "cloud_configs", "*")))
+  result = subprocess.run([sys.executable, "-m", "scripts.vertex_config", *configs],
                           cwd=procs.REPO, env=procs.trainer_env(), capture_output=True, text=True, check=False)
-  assert result.returncode == 0 and result.stdout.startswith("ok  cloud_configs/single_cpu.yaml")
-  if datetime.date.today() > datetime.date(2026, 7, 11):
-    assert result.stderr.startswith("warning: cloud_configs/single_cpu.yaml: tf-cpu.2-17.py310:latest")
+  assert result.returncode == 0 and result.stderr == "", result.stderr
+  assert [line.split(":")[0] for line in result.stdout.splitlines()] == [f"ok  {c}" for c in configs]
 
 
 # ----- the Dockerfile ------------------------------------------------------------------------------------------
@@ -115,13 +123,17 @@ def test_the_dockerfiles_install_step_in_a_clean_venv(tmp_path):
   (copy,) = [i["value"] for i in instructions if i["instruction"] == "COPY"]
   (run,) = [i["value"] for i in instructions if i["instruction"] == "RUN"]
   source, destination = copy.split()
-  assert source == "dist/*.tar.gz"
-  context = tmp_path / "context"
-  sdist = submit.build_sdist(str(context / "dist"))
-  assert re.fullmatch(source.replace("*", ".*"), os.path.relpath(sdist, context))  # the COPY finds the sdist
+  assert source == "dist/"
+  # The build context as submit makes it: the sdist, and a user's package (--extra_package) in dist/extra/.
+  sdist = submit.build_sdist(str(tmp_path / "built"))
+  wheel = submit.build_extra_package(user_package.write(str(tmp_path / "churn-models")), str(tmp_path))
+  context = cloud_build.build_context(sdist, str(tmp_path), extras=(wheel,))
   staged = tmp_path / destination.strip("/")
-  staged.mkdir(parents=True)
-  os.link(sdist, staged / os.path.basename(sdist))
+  with tarfile.open(context) as tar:
+    members = [m for m in tar.getmembers() if m.name.startswith(source)]
+    for member in members:
+      member.name = member.name[len(source):]
+    tar.extractall(staged, members=members, filter="data")  # what COPY dist/ /tmp/trainer/ puts in the image
   venv = tmp_path / "image"
   subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
   command = run.replace("python3 ", f"{venv}/bin/python ").replace(destination.rstrip("/"), str(staged))
@@ -134,6 +146,10 @@ def test_the_dockerfiles_install_step_in_a_clean_venv(tmp_path):
   help_text = subprocess.run([f"{venv}/bin/python", "-m", "trainer.task", "--help"], cwd=str(tmp_path), env=env,
                              capture_output=True, text=True, check=False)
   assert "--train_data" in help_text.stdout + help_text.stderr, help_text.stderr[-2000:]
+  model = subprocess.run([f"{venv}/bin/python", "-c",
+                          "import importlib.util; print(importlib.util.find_spec('churn_models').origin)"],
+                         cwd=str(tmp_path), env=env, capture_output=True, text=True, check=False)
+  assert model.stdout.startswith(str(venv)), model.stderr  # the user's package is in the image beside the trainer
   check = subprocess.run([f"{venv}/bin/python", "-m", "pip", "check"], env=env, capture_output=True, text=True,
                          check=False)
   assert check.returncode == 0, check.stdout
@@ -210,7 +226,7 @@ def _bucket(prefix):
 
 def test_build_submit_and_register_are_captured_and_parse_into_the_api_types(gcs, capsys):
   with fake_vertex.running() as fake:
-    code = submit.main(["--config=cloud_configs/container_multi_worker_gpu.yaml", "--project=proj",
+    code = submit.main(["--config=cloud_configs/multi_worker_gpu.yaml", "--project=proj",
                         "--region=europe-west4", "--bucket=test-bucket", "--run_id=c1", "--build_image",
                         "--upload_model", "--args=--train_steps=50", f"--api_endpoint={fake.endpoint}",
                         "--poll_secs=0.05"])
@@ -220,12 +236,13 @@ def test_build_submit_and_register_are_captured_and_parse_into_the_api_types(gcs
     (job_body,) = fake.created("customJobs")
     (upload_body,) = fake.created("models:upload")
     order = [r["collection"] for r in fake.requests if r["method"] == "POST"]
-  assert order == ["builds", "customJobs", "models:upload"]  # built before the job, registered after it
+  # The repository made, the image built before the job, the model registered after it.
+  assert order == ["repositories", "builds", "customJobs", "models:upload"]
 
   build = cloudbuild_v1.Build()
   json_format.ParseDict(build_body, build._pb)  # pylint: disable=protected-access
-  image = "europe-west4-docker.pkg.dev/proj/vertex-tf-trainer/trainer:0.1.0"
-  assert list(build.images) == [image]
+  (image,) = build.images
+  assert re.fullmatch(r"europe-west4-docker\.pkg\.dev/proj/vertex-tf-trainer/trainer:src-[0-9a-f]{16}", image)
   assert list(build.steps[0].args) == ["build", "--build-arg", "TF_VERSION=2.21.0", "-t", image, "."]
   bucket, _ = _bucket("")
   context = bucket.blob(build.source.storage_source.object).download_as_bytes()  # the context really is there
@@ -258,19 +275,20 @@ def test_build_submit_and_register_are_captured_and_parse_into_the_api_types(gcs
   assert re.search(r"^registered projects/proj/locations/europe-west4/models/\d+ ", out, re.M)
 
 
-def test_a_prebuilt_image_job_registers_with_the_matching_serving_image(capsys):
+def test_a_trainer_image_job_registers_with_the_matching_serving_image(capsys, tmp_path):
   with fake_vertex.running() as fake:
     code = submit.main(["--config=cloud_configs/single_cpu.yaml", "--project=proj", "--bucket=bkt", "--run_id=d2",
-                        "--upload_model", "--dry_run", f"--api_endpoint={fake.endpoint}"])
+                        "--upload_model", "--dry_run", f"--rendered_config={tmp_path}/job.yaml",
+                        f"--api_endpoint={fake.endpoint}"])
     assert not fake.requests
   assert code == 0
   printed = json.loads(capsys.readouterr().out.partition("\n# config written to ")[0])
   upload = printed["upload_model"]
   request = aiplatform_v1.UploadModelRequest()
   json_format.ParseDict(upload, request._pb)  # pylint: disable=protected-access
-  assert request.model.labels["training-tf"] == "2-17"
-  # A model trained on the prebuilt TF 2.17 image is served on TF 2.17.1 (Vertex has no prebuilt 2.17 prediction).
-  assert request.model.container_spec.image_uri == "us-central1-docker.pkg.dev/proj/vertex-tf-trainer/serving:tf2.17.1"
+  assert request.model.labels["training-tf"] == "2-21"
+  # A model trained in the trainer image (the Dockerfile's TF 2.21) is served on TF 2.21.0.
+  assert request.model.container_spec.image_uri == "us-central1-docker.pkg.dev/proj/vertex-tf-trainer/serving:tf2.21.0"
 
 
 def test_the_prebuilt_prediction_image_is_a_choice_with_its_end_of_availability():
@@ -279,9 +297,11 @@ def test_the_prebuilt_prediction_image_is_a_choice_with_its_end_of_availability(
   assert spec == {"imageUri": "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest"}
   assert warnings == ["tf2-cpu.2-15:latest reaches its end of availability on 2027-01-14; move to the serving image "
                       "matching TF 2.17 (Dockerfile.serving: omit --serving_image, build it with --build_serving_image)"]
-  _, warnings = registry.serving_container("prebuilt", training_tf="2.21", project="p", region="europe-west4",
-                                           today=datetime.date(2027, 2, 1))
-  assert warnings[0].startswith("tf2-cpu.2-15:latest is past its end of availability on Vertex (2027-01-14); use ")
+  with pytest.raises(registry.RegistryError, match=r"^--serving_image=prebuilt: tf2-cpu\.2-15:latest is past its end "
+                     r"of availability on Vertex \(2027-01-14; Vertex AI's supported-frameworks page, read 2026-12-06\); "
+                     r"use the serving image matching TF 2\.21"):
+    registry.serving_container("prebuilt", training_tf="2.21", project="p", region="europe-west4",
+                               today=datetime.date(2027, 2, 1))
   _, warnings = registry.serving_container("prebuilt", training_tf="2.21", project="p", region="us-central1",
                                            today=datetime.date(2026, 6, 1))
   assert warnings == []
@@ -298,14 +318,15 @@ def test_the_serving_image_is_built_before_the_job_and_registered_by_digest(gcs,
                         f"--api_endpoint={fake.endpoint}", "--poll_secs=0.05"])
     out = capsys.readouterr().out
     assert code == 0, out
-    (build_body,) = fake.created("builds")
+    trainer_build, build_body = fake.created("builds")  # the trainer image, then the serving image
     (upload_body,) = fake.created("models:upload")
     order = [r["collection"] for r in fake.requests if r["method"] == "POST"]
-  assert order == ["builds", "customJobs", "models:upload"]
+  assert order == ["repositories", "builds", "builds", "customJobs", "models:upload"]
+  assert "/trainer:src-" in trainer_build["images"][0]
   build = cloudbuild_v1.Build()
   json_format.ParseDict(build_body, build._pb)  # pylint: disable=protected-access
-  image = "us-central1-docker.pkg.dev/proj/vertex-tf-trainer/serving:tf2.17.1"
-  assert list(build.steps[0].args) == ["build", "--build-arg", "TF_VERSION=2.17.1", "-t", image, "."]
+  image = "us-central1-docker.pkg.dev/proj/vertex-tf-trainer/serving:tf2.21.0"
+  assert list(build.steps[0].args) == ["build", "--build-arg", "TF_VERSION=2.21.0", "-t", image, "."]
   bucket, _ = _bucket("")
   context = bucket.blob(build.source.storage_source.object).download_as_bytes()
   with tarfile.open(fileobj=io.BytesIO(context)) as tar:
@@ -322,11 +343,10 @@ def test_the_serving_image_is_built_before_the_job_and_registered_by_digest(gcs,
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--config=cloud_configs/single_cpu.yaml", "--build_image"],
-     r"^error: --build_image: cloud_configs/single_cpu.yaml runs pythonPackageSpec pools on a prebuilt image"),
-    (["--config=cloud_configs/container_single_gpu.yaml", "--extra_package=."],
-     r"^error: --extra_package applies to pythonPackageSpec pools; a containerSpec pool runs what its image holds"),
-    (["--config=cloud_configs/container_single_gpu.yaml", "--upload_model", "--no_follow"],
+    (["--config=cloud_configs/single_gpu.yaml", "--trainer_image=not an image"],
+     r"^error: --trainer_image='not an image' is not an image name; expected e\.g\. "
+     r"REGION-docker\.pkg\.dev/PROJECT/vertex-tf-trainer/trainer:TAG$"),
+    (["--config=cloud_configs/single_gpu.yaml", "--upload_model", "--no_follow"],
      r"^error: --upload_model waits for the job to succeed"),
     (["--config={no_output}", "--upload_model"],
      r"^error: --upload_model needs the job's model dir in Cloud Storage, and \S+ has no "
@@ -356,7 +376,7 @@ def test_a_registered_model_is_deployed_to_an_endpoint(gcs, capsys):
     (endpoint_body,) = fake.created("endpoints")
     (deploy_body,) = fake.created("endpoints:deployModel")
     order = [r["collection"] for r in fake.requests if r["method"] == "POST"]
-    assert order == ["customJobs", "models:upload", "endpoints", "endpoints:deployModel"]
+    assert order == ["repositories", "builds", "customJobs", "models:upload", "endpoints", "endpoints:deployModel"]
     endpoint = re.search(r"^deployed (\S+) to (\S+) ", out, re.M).group(2)
     # A second model into the same endpoint, with 25% of its traffic.
     assert submit.main([*common, "--run_id=dep2", f"--endpoint={endpoint}", "--traffic_percent=25",

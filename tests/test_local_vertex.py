@@ -87,14 +87,12 @@ def _run(tmp_path, *args):
 
 
 @pytest.mark.parametrize("config,extra,strategy,replicas", [
+    # The trainer image's pools: the container's command (or the image's ENTRYPOINT) and args, no Docker.
     ("single_cpu.yaml", [], "default", 1),
+    ("single_gpu.yaml", [], "default", 1),
     # On CPU, MultiWorkerMirroredStrategy runs one replica per worker whatever the logical devices.
     ("multi_worker_gpu.yaml", ["--replica_count=1=1"], "MultiWorkerMirroredStrategy", 2),
     ("parameter_server.yaml", ["--replica_count=1=1"], "ParameterServerStrategy", 1),
-    # containerSpec pools: the container's command (or the image's ENTRYPOINT) and args, no Docker.
-    ("container_single_gpu.yaml", [], "default", 1),
-    ("container_multi_worker_gpu.yaml", ["--replica_count=1=1"], "MultiWorkerMirroredStrategy", 2),
-    ("container_parameter_server.yaml", ["--replica_count=1=1"], "ParameterServerStrategy", 1),
 ])
 def test_local_run_end_to_end(staged, tmp_path, capsys, config, extra, strategy, replicas):
   code, job_dir = _run(tmp_path, f"--config=cloud_configs/{config}", "--run_id=" + config.split(".")[0], *extra,
@@ -106,8 +104,7 @@ def test_local_run_end_to_end(staged, tmp_path, capsys, config, extra, strategy,
   assert f'"strategy": "{strategy}"' in chief_log and f'"num_replicas": {replicas}' in chief_log
   assert "from TF_CONFIG" in chief_log
   assert f"from {job_dir}/site/trainer\n" in chief_log  # the package installed from the bucket ran
-  if config.startswith("container_"):
-    assert re.search(r"replica\(s\), container \S+/vertex-tf-trainer/trainer:\S+ as python3 -m trainer.task", out)
+  assert re.search(r"replica\(s\), container \S+/vertex-tf-trainer/trainer:\S+ as python3 -m trainer.task", out)
 
 
 def test_crashing_replica_fails_the_job_quickly(staged, gcs, tmp_path):
@@ -142,8 +139,8 @@ def test_crashing_replica_fails_the_job_quickly(staged, gcs, tmp_path):
 
 
 def test_a_users_package_staged_beside_the_trainer_runs_on_a_two_process_job(staged, tmp_path, capsys):
-  """--extra_package: built into a wheel, staged to the bucket, listed after the trainer in packageUris and
-  installed with it; both replicas of a MultiWorkerMirrored job import the user's build_fn from there."""
+  """--extra_package: built into a wheel, staged to the bucket and installed beside the trainer, as the trainer
+  image holds it (submit builds it into the image); both replicas of a MultiWorkerMirrored job import the user's build_fn from there."""
   project = user_package.write(str(tmp_path / "churn-models"))
   code, job_dir = _run(tmp_path, "--config=cloud_configs/multi_worker_gpu.yaml", "--run_id=extra-package",
                        "--replica_count=1=1", f"--extra_package={project}", f"--args={user_package.MODEL_FLAG}",
@@ -169,9 +166,9 @@ def _bucket_blobs(prefix):
 def test_bad_inputs_start_nothing(staged, tmp_path, capsys):
   bad = tmp_path / "bad.yaml"
   bad.write_text(open(os.path.join(procs.REPO, "cloud_configs", "single_cpu.yaml")).read()
-                 .replace("pythonModule: trainer.task", "pythonModule: trainer.nope"))
+                 .replace("imageUri: ${TRAINER_IMAGE}", "imageUri: ${TRAINER_IMAGE}\n      command: [python3, -m, trainer.nope]"))
   cases = [
-      ([f"--config={bad}"], r"pythonModule is 'trainer.nope'; the package provides trainer.task"),
+      ([f"--config={bad}"], r"containerSpec\.command \['python3', '-m', 'trainer\.nope'\] is not the trainer"),
       (["--config=cloud_configs/single_cpu.yaml", "--args=--no_such_flag=1"],
        r"workerpool0-0: trainer args rejected: Unknown command line flag 'no_such_flag'"),
       (["--config=cloud_configs/single_cpu.yaml", "--replica_count=0=2"], r"--replica_count='0=2': expected"),

@@ -11,6 +11,7 @@ import fake_vertex
 import procs
 import user_package
 from scripts import pipeline
+from scripts import submit
 from scripts import registry
 from scripts import stage_data
 from scripts import vertex_config
@@ -35,10 +36,12 @@ def test_compiled_training_step_has_the_config_pools(tmp_path, capsys):
   assert "custom-training-job" in tasks["read-metrics"]["dependentTasks"]
   spec = _compiled_spec(tasks)
   printed = capsys.readouterr().out
-  local_copy, package = re.search(r"gcloud storage cp (\S+) (gs://\S+)", printed).groups()
-  assert os.path.exists(local_copy) and local_copy.startswith(f"{output}.packages/")  # compile says only what is true
+  # The training step runs the trainer image named by its source, as scripts.submit builds and tags it.
+  image = re.search(r"it runs the trainer image (\S+), which python -m scripts.submit --config=\S+ builds \(or finds\) "
+                    r"under that tag", printed).group(1)
+  assert re.fullmatch(r"us-central1-docker\.pkg\.dev/local-project/vertex-tf-trainer/trainer:src-[0-9a-f]{16}", image)
   expected = vertex_config.load(os.path.join(procs.REPO, CONFIG), {"BUCKET": "bkt", "RUN_ID": "${RUN_ID}",
-                                                                      "PACKAGE_URI": package}).body
+                                                                      "TRAINER_IMAGE": image}).body
   assert spec["workerPoolSpecs"] == expected["workerPoolSpecs"]  # one source of truth: the cloud config
   assert spec["baseOutputDirectory"] == {"outputUriPrefix": "gs://bkt/runs/${RUN_ID}"}  # filled per run
   assert tasks["training-spec"]["inputs"]["parameters"]["run_name"]["runtimeValue"]["constant"] == \
@@ -60,7 +63,7 @@ def test_compile_params_become_the_run_defaults(tmp_path, capsys):
 
 def test_a_model_upload_step_registers_the_trained_model(tmp_path, capsys):
   output = tmp_path / "pipeline.yaml"
-  assert pipeline.main(["compile", "--config=cloud_configs/container_single_gpu.yaml", "--bucket=bkt",
+  assert pipeline.main(["compile", "--config=cloud_configs/single_gpu.yaml", "--bucket=bkt",
                         "--project=p", "--run_id=r1", "--upload_model", f"--output={output}"]) == 0, capsys.readouterr()
   compiled = yaml.safe_load(output.read_text())
   tasks = compiled["root"]["dag"]["tasks"]
@@ -72,7 +75,7 @@ def test_a_model_upload_step_registers_the_trained_model(tmp_path, capsys):
   # The project's serving image at the training TF (the trainer image's, here), on Vertex's container contract.
   assert container == {"imageUri": "us-central1-docker.pkg.dev/p/vertex-tf-trainer/serving:tf2.21.0",
                        "ports": [{"containerPort": 8080}]}
-  assert pipeline.main(["compile", "--config=cloud_configs/container_single_gpu.yaml", "--bucket=bkt",
+  assert pipeline.main(["compile", "--config=cloud_configs/single_gpu.yaml", "--bucket=bkt",
                         "--project=p", "--upload_model", "--serving_image=prebuilt", f"--output={output}"]) == 0
   tasks = yaml.safe_load(output.read_text())["root"]["dag"]["tasks"]
   image = tasks["model-artifact"]["inputs"]["parameters"]["container_spec"]["runtimeValue"]["constant"]["imageUri"]
@@ -85,20 +88,27 @@ def test_a_model_upload_step_registers_the_trained_model(tmp_path, capsys):
   assert run.worker_pool_specs[0]["containerSpec"]["args"] == ["--a=1", "--train_data=t"]
 
 
-def test_compiled_training_step_installs_the_users_package(tmp_path, capsys):
+def test_compiled_training_step_runs_the_image_holding_the_users_package(tmp_path, capsys):
+  """With --extra_package the training step runs the trainer image built from the sdist and that package, under
+  the tag scripts.submit gives it (the source's digest); compile says which command builds it."""
+  from scripts import cloud_build  # pylint: disable=g-import-not-at-top
   project = user_package.write(str(tmp_path / "churn-models"))
   output = tmp_path / "pipeline.yaml"
-  assert pipeline.main(["compile", f"--config={CONFIG}", "--bucket=bkt", "--run_id=r1", f"--output={output}",
-                        f"--extra_package={project}", f"--param={user_package.MODEL_FLAG[2:]}"]) == 0
+  assert pipeline.main(["compile", f"--config={CONFIG}", "--bucket=bkt", "--project=p", "--run_id=r1",
+                        f"--output={output}", f"--extra_package={project}",
+                        f"--param={user_package.MODEL_FLAG[2:]}"]) == 0
   compiled = yaml.safe_load(output.read_text())
   tasks = compiled["root"]["dag"]["tasks"]
   printed = capsys.readouterr().out
+  wheel = submit.build_extra_package(project, str(tmp_path))
+  archive = submit.build_sdist(str(tmp_path / "dist"))
+  image = f"us-central1-docker.pkg.dev/p/vertex-tf-trainer/trainer:src-{cloud_build.source_digest(archive, extras=(wheel,))}"
   for pool in _compiled_spec(tasks)["workerPoolSpecs"]:
-    trainer_uri, wheel_uri = pool["pythonPackageSpec"]["packageUris"]
-    assert trainer_uri.endswith(".tar.gz") and wheel_uri.endswith("/churn_models-0.1.0-py3-none-any.whl")
-    assert re.search(rf"gcloud storage cp \S+/churn_models-0.1.0-py3-none-any.whl {wheel_uri}", printed)
+    assert pool["containerSpec"]["imageUri"] == image and "pythonPackageSpec" not in pool
+  assert f"it runs the trainer image {image}, which python -m scripts.submit --config={CONFIG} " \
+      f"--extra_package={project} builds (or finds) under that tag" in printed
   assert compiled["root"]["inputDefinitions"]["parameters"]["trainer_flags"]["defaultValue"] == {
-      "model": "churn_models:build"}  # the package is installed and used
+      "model": "churn_models:build"}  # the package is in the image and used
 
 
 def _spec(pools, trainer_flags, *, base_output_dir="", run_name="run-7"):
@@ -138,6 +148,9 @@ def test_submit_and_schedule_are_captured(gcs, capsys):
                           "--end_time=2027-06-01T00:00:00Z", "--max_runs=50"]) == 0, capsys.readouterr().err
     (job,) = fake.created("pipelineJobs")
     (schedule,) = fake.created("schedules")
+    (build,) = fake.created("builds")  # the trainer image built for the run, reused for the schedule
+  image = build["images"][0].split(":")[0] + "@sha256:" + "ab" * 32
+  assert image in json.dumps(job["pipelineSpec"]) and image in json.dumps(schedule)  # the step runs it by digest
   params = job["runtimeConfig"]["parameterValues"]
   assert params == {"project": "proj", "location": "europe-west4",
                     "trainer_flags": {"train_steps": "321", "learning_rate": "0.01"}}
@@ -274,7 +287,7 @@ def test_a_tuning_step_compiles_before_training(tmp_path, capsys):
   names = {key: task["taskInfo"]["name"] for key, task in keyed.items()}
   tuning = tasks["hyperparameter-tuning-job"]["inputs"]["parameters"]
   config = vertex_config.load(os.path.join(procs.REPO, "cloud_configs", "hp_tuning.yaml"),
-                              {"BUCKET": "bkt", "RUN_ID": "${RUN_ID}", "PACKAGE_URI": "gs://bkt/p.tar.gz"}).body
+                              {"BUCKET": "bkt", "RUN_ID": "${RUN_ID}", "TRAINER_IMAGE": "i"}).body
   assert tuning["study_spec_parameters"]["runtimeValue"]["constant"] == config["studySpec"]["parameters"]
   assert tuning["max_trial_count"]["runtimeValue"]["constant"] == 12
   assert names[tuning["worker_pool_specs"]["taskOutputParameter"]["producerTask"]] == "tuning-spec"
@@ -283,8 +296,8 @@ def test_a_tuning_step_compiles_before_training(tmp_path, capsys):
   assert "check-tuning-data" in {names[k] for k in tasks["hyperparameter-tuning-job"]["dependentTasks"]}
   trial_spec = json.loads(tasks["tuning-spec"]["inputs"]["parameters"]["job_spec"]["runtimeValue"]["constant"])
   # The trials' pools as the tuning config has them (the run's flags are applied by tuning-spec at run time).
-  assert trial_spec["workerPoolSpecs"][0]["pythonPackageSpec"]["args"] == \
-      config["trialJobSpec"]["workerPoolSpecs"][0]["pythonPackageSpec"]["args"]
+  assert trial_spec["workerPoolSpecs"][0]["containerSpec"]["args"] == \
+      config["trialJobSpec"]["workerPoolSpecs"][0]["containerSpec"]["args"]
   assert trial_spec["baseOutputDirectory"] == {"outputUriPrefix": "gs://bkt/tuning/${RUN_ID}"}
 
 

@@ -84,10 +84,8 @@ def _config(path, *, parameters: str, model: str = "iris_models:build", trials: 
         workerPoolSpecs:
           - machineSpec: {machineType: n1-standard-4}
             replicaCount: 1
-            pythonPackageSpec:
-              executorImageUri: ${CPU_IMAGE}
-              packageUris: [${PACKAGE_URI}]
-              pythonModule: trainer.task
+            containerSpec:
+              imageUri: ${TRAINER_IMAGE}
               args: %s
         baseOutputDirectory: {outputUriPrefix: gs://test-bucket/tuning/${RUN_ID}}
       maxTrialCount: %d
@@ -363,9 +361,9 @@ def test_trial_spec_appends_each_value_as_vertex_passes_it(tmp_path):
   spec, body = _spec(tmp_path)
   values = {"units": 5, "dropout": 0.125, "second_layer": "yes", "second_units": 16.0}
   trial = localrun_study.trial_spec(body["trialJobSpec"], spec, values)
-  args = trial["workerPoolSpecs"][0]["pythonPackageSpec"]["args"]
+  args = trial["workerPoolSpecs"][0]["containerSpec"]["args"]
   assert args[-4:] == ["--units=5", "--dropout=0.125", "--second_layer=yes", "--second_units=16.0"]
-  assert body["trialJobSpec"]["workerPoolSpecs"][0]["pythonPackageSpec"]["args"][-1] == "--hypertune_metric=accuracy"
+  assert body["trialJobSpec"]["workerPoolSpecs"][0]["containerSpec"]["args"][-1] == "--hypertune_metric=accuracy"
 
 
 def test_early_stopping_stops_a_trial_worse_than_the_median(iris_staged, tmp_path, capsys):

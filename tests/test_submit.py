@@ -1,6 +1,8 @@
 """Packaging and submission: the sdist, cloud_configs validation, captured submissions, gcloud lines."""
 
+import datetime
 import glob
+import io
 import json
 import os
 import re
@@ -44,11 +46,20 @@ GOOD = """
 workerPoolSpecs:
   - machineSpec: {machineType: n1-standard-4}
     replicaCount: 1
+    containerSpec:
+      imageUri: ${TRAINER_IMAGE}
+"""
+# A config of one's own on a prebuilt image, judged on a day its image was still offered.
+PACKAGE = """
+workerPoolSpecs:
+  - machineSpec: {machineType: n1-standard-4}
+    replicaCount: 1
     pythonPackageSpec:
       executorImageUri: ${CPU_IMAGE}
       packageUris: [${PACKAGE_URI}]
       pythonModule: trainer.task
 """
+BEFORE_THE_END = datetime.date(2026, 1, 5)
 
 
 @pytest.mark.parametrize("text,message", [
@@ -56,28 +67,40 @@ workerPoolSpecs:
      r'Message type "google.cloud.aiplatform.v1.WorkerPoolSpec" has no field named "replicaCont"'),
     (GOOD.replace("{machineType: n1-standard-4}",
                   "{machineType: n1-standard-4, acceleratorType: NVIDIA_TESLA_T5, acceleratorCount: 1}"),
-     r'Invalid enum value NVIDIA_TESLA_T5 for enum type google.cloud.aiplatform.v1.AcceleratorType'),
-    (GOOD.replace("      pythonModule: trainer.task\n", ""),
-     r"workerPoolSpecs\[0\]\.pythonPackageSpec\.pythonModule is required$"),
+     r"workerPoolSpecs\[0\]\.machineSpec\.acceleratorType 'NVIDIA_TESLA_T5' is not an accelerator Vertex names; "
+     r"expected one of NVIDIA_TESLA_K80, .*NVIDIA_H200_141GB, NVIDIA_B200, NVIDIA_GB200, NVIDIA_RTX_PRO_6000, "),
     (GOOD.replace("replicaCount: 1", "replicaCount: 2"),
      r"workerPoolSpecs\[0\]\.replicaCount is 2; the chief pool must have exactly 1 replica$"),
-    (GOOD + "  - {}\n  - machineSpec: {machineType: n1-highmem-4}\n    replicaCount: 1\n    pythonPackageSpec:\n"
-            "      executorImageUri: ${CPU_IMAGE}\n      packageUris: [${PACKAGE_URI}]\n      pythonModule: trainer.task\n",
+    (GOOD + "  - {}\n  - machineSpec: {machineType: n1-highmem-4}\n    replicaCount: 1\n    containerSpec:\n"
+            "      imageUri: ${TRAINER_IMAGE}\n",
      r"workerPoolSpecs\[2\] \(parameter servers\) needs workers in workerPoolSpecs\[1\]"),
     ("workerPoolSpecs: [unclosed", r"not valid YAML at line 1"),
     ("- just\n- a list\n", r"expected a YAML mapping \(a CustomJobSpec\), got list"),
-    (GOOD.replace("${CPU_IMAGE}", "python:3.10"),
-     r"executorImageUri 'python:3.10' is not a Vertex prebuilt TensorFlow training image"),
     (GOOD.replace("{machineType: n1-standard-4}",
                   "{machineType: n1-standard-4, acceleratorType: NVIDIA_TESLA_T4, acceleratorCount: 3}"),
      r"acceleratorCount 3 is not valid for NVIDIA_TESLA_T4 on n1-standard-4; allowed: 1, 2, 4$"),
     (GOOD.replace("{machineType: n1-standard-4}",
                   "{machineType: a2-highgpu-2g, acceleratorType: NVIDIA_TESLA_A100, acceleratorCount: 1}"),
      r"a2-highgpu-2g comes with 2 x NVIDIA_TESLA_A100; got 1 x NVIDIA_TESLA_A100$"),
+    # Surely wrong pairs stay errors: an H200 comes on its own machine, never on n1; a CPU-only family takes none.
     (GOOD.replace("{machineType: n1-standard-4}",
-                  "{machineType: n1-standard-4, acceleratorType: NVIDIA_TESLA_T4, acceleratorCount: 1}"),
-     r"has NVIDIA_TESLA_T4 but the CPU image .* use a tf-gpu image$"),
-    (GOOD.replace("${PACKAGE_URI}", "${PACKAGE}"), r"unknown placeholder\(s\) \$\{PACKAGE\}"),
+                  "{machineType: n1-standard-8, acceleratorType: NVIDIA_H200_141GB, acceleratorCount: 8}"),
+     r"NVIDIA_H200_141GB cannot attach to n1-standard-8; n1 machines take NVIDIA_TESLA_T4, NVIDIA_TESLA_V100, "
+     r"NVIDIA_TESLA_P100, NVIDIA_TESLA_P4 \(an NVIDIA_H200_141GB comes with its own machine type: a3-ultragpu-8g\)$"),
+    (GOOD.replace("{machineType: n1-standard-4}",
+                  "{machineType: e2-standard-8, acceleratorType: NVIDIA_L4, acceleratorCount: 1}"),
+     r"e2-standard-8 takes no GPUs \(1 x NVIDIA_L4 requested\)"),
+    (GOOD.replace("{machineType: n1-standard-4}", "{machineType: a3-ultragpu-8g}"),
+     r"a3-ultragpu-8g comes with 8 x NVIDIA_H200_141GB; give acceleratorType NVIDIA_H200_141GB and "
+     r"acceleratorCount 8$"),
+    (GOOD.replace("{machineType: n1-standard-4}",
+                  "{machineType: a4-highgpu-4g, acceleratorType: NVIDIA_B200, acceleratorCount: 4}"),
+     r"a4-highgpu-4g is not a a4 machine type Vertex lists; a4 has a4-highgpu-8g$"),
+    (GOOD + "scheduling: {strategy: FLEX_START, timeout: 700000s}\n",
+     r"scheduling\.timeout 700000s is over FLEX_START's 7 days \(604800s\)$"),
+    (GOOD + "scheduling: {strategy: SPOT, maxWaitDuration: 600s}\n",
+     r"scheduling\.maxWaitDuration applies to strategy FLEX_START \(Dynamic Workload Scheduler\), got strategy SPOT$"),
+    (GOOD.replace("${TRAINER_IMAGE}", "${TRAINER}"), r"unknown placeholder\(s\) \$\{TRAINER\}"),
 ])
 def test_bad_configs(tmp_path, text, message):
   path = tmp_path / "job.yaml"
@@ -85,6 +108,77 @@ def test_bad_configs(tmp_path, text, message):
   with pytest.raises(vertex_config.ConfigError, match=message) as raised:
     vertex_config.load(str(path), VALUES)
   assert str(raised.value).startswith(str(path)) and "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("machine,accelerator,count", [
+    ("a3-ultragpu-8g", "NVIDIA_H200_141GB", 8), ("a4-highgpu-8g", "NVIDIA_B200", 8),
+    ("a4x-highgpu-4g", "NVIDIA_GB200", 4), ("a2-megagpu-16g", "NVIDIA_TESLA_A100", 16),
+    ("a3-edgegpu-8g", "NVIDIA_H100_80GB", 8), ("g4-standard-48", "NVIDIA_RTX_PRO_6000", 1),
+    ("ct5lp-hightpu-4t", "TPU_V5_LITEPOD", 4),
+])
+def test_todays_machines_validate(tmp_path, machine, accelerator, count):
+  path = tmp_path / "job.yaml"
+  path.write_text(GOOD.replace("{machineType: n1-standard-4}", "{machineType: %s, acceleratorType: %s, "
+                               "acceleratorCount: %d}" % (machine, accelerator, count)))
+  assert vertex_config.load(str(path), VALUES).warnings == ()
+
+
+def test_an_unknown_machine_family_is_a_warning_for_vertex_to_judge(tmp_path):
+  path = tmp_path / "job.yaml"
+  path.write_text(GOOD.replace("{machineType: n1-standard-4}",
+                               "{machineType: a5-highgpu-8g, acceleratorType: NVIDIA_GB200, acceleratorCount: 8}"))
+  (warning,) = vertex_config.load(str(path), VALUES).warnings
+  assert warning == (f"{path}: workerPoolSpecs[0].machineSpec: a5-highgpu-8g is a machine family this project's "
+                     "table (scripts/vertex_config.py, read 2026-12-06) does not know; Vertex will judge 8 x "
+                     "NVIDIA_GB200 on it")
+
+
+@pytest.mark.parametrize("text,message", [
+    (PACKAGE.replace("      pythonModule: trainer.task\n", ""),
+     r"workerPoolSpecs\[0\]\.pythonPackageSpec\.pythonModule is required$"),
+    (PACKAGE.replace("${CPU_IMAGE}", "python:3.10"),
+     r"executorImageUri 'python:3.10' is not a Vertex prebuilt TensorFlow training image"),
+    (PACKAGE.replace("{machineType: n1-standard-4}",
+                     "{machineType: n1-standard-4, acceleratorType: NVIDIA_TESLA_T4, acceleratorCount: 1}"),
+     r"has NVIDIA_TESLA_T4 but the CPU image .* use a tf-gpu image$"),
+    (PACKAGE.replace("${PACKAGE_URI}", "${PACKAGE}"), r"unknown placeholder\(s\) \$\{PACKAGE\}"),
+])
+def test_bad_package_configs(tmp_path, text, message):
+  path = tmp_path / "job.yaml"
+  path.write_text(text)
+  with pytest.raises(vertex_config.ConfigError, match=message) as raised:
+    vertex_config.load(str(path), VALUES, today=BEFORE_THE_END)
+  assert str(raised.value).startswith(str(path)) and "\n" not in str(raised.value)
+
+
+def test_a_prebuilt_training_image_past_its_end_of_availability_is_refused(tmp_path, gcs, capsys):
+  path = tmp_path / "own.yaml"
+  path.write_text(PACKAGE.replace("{machineType: n1-standard-4}", "{machineType: n1-standard-8, acceleratorType: "
+                                  "NVIDIA_TESLA_T4, acceleratorCount: 1}").replace("${CPU_IMAGE}", "${GPU_IMAGE}"))
+  assert vertex_config.load(str(path), VALUES, today=datetime.date(2026, 7, 11)).warnings == (
+      f"{path}: workerPoolSpecs[0].pythonPackageSpec.executorImageUri: tf-gpu.2-17.py310:latest (TF 2.17) reaches its "
+      "end of availability on 2026-07-11; move to the trainer image (containerSpec, ${TRAINER_IMAGE})",)
+  before = _list("")
+  with fake_vertex.running() as fake:
+    assert submit.main([f"--config={path}", "--project=p", "--bucket=test-bucket",
+                        f"--api_endpoint={fake.endpoint}"]) == 2
+    assert not fake.requests
+  err = capsys.readouterr().err
+  assert err == (f"error: {path}: workerPoolSpecs[0].pythonPackageSpec.executorImageUri: tf-gpu.2-17.py310:latest "
+                 "(TF 2.17) reached its end of availability on 2026-07-11 (Vertex AI's supported-frameworks page, read "
+                 "2026-12-06) and Vertex no longer runs it; run the trainer image instead: a containerSpec with imageUri "
+                 "${TRAINER_IMAGE}, as every config in cloud_configs/ has (python -m scripts.submit builds it from the "
+                 "Dockerfile)\n")
+  assert _list("") == before  # nothing built or staged
+
+
+def test_every_shipped_config_runs_the_trainer_image():
+  for path in CONFIGS:
+    config = vertex_config.load(path, VALUES)
+    for pool in config.job_spec["workerPoolSpecs"]:
+      if vertex_config.trainer_spec(pool):
+        assert pool["containerSpec"]["imageUri"] == "us-central1-docker.pkg.dev/p/vertex-tf-trainer/trainer:0.1.0"
+    assert config.warnings == (), path
 
 
 def test_sdist_holds_the_trainer_alone(tmp_path):
@@ -149,47 +243,156 @@ def _list(bucket_prefix):
   return [b.name for b in storage.Client(project="p").list_blobs("test-bucket", prefix=bucket_prefix)]
 
 
-def test_submission_is_captured_and_parses_into_the_api_type(gcs, capsys):
-  with fake_vertex.running() as fake:
-    code = submit.main(["--config=cloud_configs/multi_worker_gpu.yaml", "--project=proj", "--region=europe-west4",
-                        "--bucket=test-bucket", "--run_id=t1", "--args=--train_steps=50", "--env=MODE=test",
-                        f"--api_endpoint={fake.endpoint}", "--poll_secs=0.05"])
-    out = capsys.readouterr().out
-    assert code == 0, out
-    (body,) = fake.created("customJobs")
+def _job(body: dict) -> "aiplatform_v1.CustomJob":
   job = aiplatform_v1.CustomJob()
   json_format.ParseDict(body, job._pb)  # pylint: disable=protected-access
+  return job
+
+
+def _context_names(fake, build_body: dict) -> list[str]:
+  from google.cloud import storage  # pylint: disable=g-import-not-at-top
+  source = build_body["source"]["storageSource"]
+  data = storage.Client(project="p").bucket(source["bucket"]).blob(source["object"]).download_as_bytes()
+  with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+    return sorted(tar.getnames())
+
+
+def test_submission_builds_the_trainer_image_once_and_reuses_it_by_source(gcs, capsys):
+  """The first submission makes the repository, builds the image tagged by its source and runs it by digest; a
+  second submission of the same source finds the tag and builds nothing."""
+  common = ["--config=cloud_configs/multi_worker_gpu.yaml", "--project=proj", "--region=europe-west4",
+            "--bucket=test-bucket", "--args=--train_steps=50", "--env=MODE=test", "--poll_secs=0.05",
+            "--service_account=trainer@proj.iam.gserviceaccount.com"]
+  with fake_vertex.running() as fake:
+    code = submit.main([*common, "--run_id=t1", f"--api_endpoint={fake.endpoint}"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    (build,) = fake.created("builds")
+    (body,) = fake.created("customJobs")
+    assert [r["collection"] for r in fake.requests if r["method"] == "POST"] == ["repositories", "builds", "customJobs"]
+    context = _context_names(fake, build)
+    code = submit.main([*common, "--run_id=t2", f"--api_endpoint={fake.endpoint}", "--no_follow"])
+    again = capsys.readouterr().out
+    assert code == 0, again
+    assert len(fake.created("builds")) == 1  # the same source: reused
+    second = fake.created("customJobs")[1]
+  (image,) = build["images"]
+  assert re.fullmatch(r"europe-west4-docker\.pkg\.dev/proj/vertex-tf-trainer/trainer:src-[0-9a-f]{16}", image)
+  assert "created the Artifact Registry repository projects/proj/locations/europe-west4/repositories/" \
+      "vertex-tf-trainer" in out
+  assert context[0] == "Dockerfile" and re.fullmatch(r"dist/vertex-tf-trainer-[\d.]+\.tar\.gz", context[1])
+  by_digest = image.split(":")[0] + "@sha256:" + "ab" * 32
+  assert f"reusing {by_digest} ({image}: built from the same source)" in again
+  job = _job(body)
   pools = job.job_spec.worker_pool_specs
   assert [p.replica_count for p in pools] == [1, 2]
   assert pools[1].machine_spec.accelerator_type == aiplatform_v1.AcceleratorType.NVIDIA_TESLA_T4
   assert pools[1].machine_spec.accelerator_count == 2
-  package = pools[0].python_package_spec
-  assert package.python_module == "trainer.task"
-  assert package.executor_image_uri.endswith("tf-gpu.2-17.py310:latest")
-  assert list(package.args)[-1] == "--train_steps=50" and list(pools[1].python_package_spec.args) == list(package.args)
-  assert [(e.name, e.value) for e in package.env] == [("MODE", "test")]
-  (uri,) = package.package_uris
-  assert uri.startswith("gs://test-bucket/staging/vertex-tf-trainer-") and uri.endswith(".tar.gz")
-  assert uri[len("gs://test-bucket/"):] in _list("staging/")  # the sdist really went to the (emulated) bucket
+  for pool in pools:  # the job runs exactly the build, by digest; nothing is installed from the bucket
+    assert pool.container_spec.image_uri == by_digest and not pool.python_package_spec.package_uris
+    assert list(pool.container_spec.args)[-1] == "--train_steps=50"
+    assert [(e.name, e.value) for e in pool.container_spec.env] == [("MODE", "test")]
+  assert job.job_spec.service_account == "trainer@proj.iam.gserviceaccount.com"
   assert job.job_spec.base_output_directory.output_uri_prefix == "gs://test-bucket/runs/t1"
+  assert _job(second).job_spec.worker_pool_specs[0].container_spec.image_uri == by_digest
+  job_id = re.search(r"^submitted projects/proj/locations/europe-west4/customJobs/(\d+)$", out, re.M).group(1)
+  assert f"console: https://console.cloud.google.com/agent-platform/locations/europe-west4/training/{job_id}" \
+      "?project=proj" in out
   assert "JOB_STATE_SUCCEEDED" in out
+  assert not [n for n in _list("staging/") if n.endswith(".tar.gz") and "/vertex-tf-trainer-" in "/" + n]
 
 
-def test_extra_packages_are_staged_and_listed_after_the_trainer(gcs, capsys, tmp_path):
+def test_a_repository_that_cannot_be_made_is_refused_with_the_command_that_makes_it(gcs, capsys, monkeypatch):
+  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+  from scripts import artifact_registry  # pylint: disable=g-import-not-at-top
+
+  class NoPermission:
+    def get_repository(self, name):
+      raise exceptions.NotFound(name)
+
+    def create_repository(self, **kwargs):
+      raise exceptions.PermissionDenied("artifactregistry.repositories.create denied")
+
+  monkeypatch.setattr(artifact_registry, "client", lambda api_endpoint: NoPermission())
+  with fake_vertex.running() as fake:
+    assert submit.main(["--config=cloud_configs/single_cpu.yaml", "--project=proj", "--bucket=test-bucket",
+                        f"--api_endpoint={fake.endpoint}"]) == 2
+    assert not fake.created("builds") and not fake.created("customJobs")
+  err = capsys.readouterr().err.strip().splitlines()[-1]
+  assert err == ("error: cannot create the Artifact Registry repository projects/proj/locations/us-central1/"
+                 "repositories/vertex-tf-trainer (artifactregistry.repositories.create denied); create it with: "
+                 "gcloud artifacts repositories create vertex-tf-trainer --repository-format=docker "
+                 "--location=us-central1 --project=proj")
+
+
+def test_the_project_comes_from_the_users_gcloud_setup(gcs, capsys, monkeypatch, tmp_path):
+  """No --project: GOOGLE_CLOUD_PROJECT, else gcloud's active configuration (project and ai/region)."""
+  config_dir = tmp_path / "gcloud"
+  (config_dir / "configurations").mkdir(parents=True)
+  (config_dir / "active_config").write_text("work\n")
+  (config_dir / "configurations" / "config_work").write_text("[core]\nproject = from-gcloud\n[ai]\nregion = asia-east1\n")
+  for name in ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", "PROJECT", "CLOUDSDK_AI_REGION", "REGION"):
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.setenv("CLOUDSDK_CONFIG", str(config_dir))
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "from-env")
+  assert submit.main([f"--config={procs.REPO}/cloud_configs/single_cpu.yaml", "--bucket=bkt", "--dry_run",
+                      "--run_id=g1"]) == 0
+  captured = capsys.readouterr()
+  assert "project from-env (from GOOGLE_CLOUD_PROJECT), region asia-east1 (from gcloud configuration 'work' " \
+      "ai/region)" in captured.err
+  assert "gcloud ai custom-jobs create --project=from-env --region=asia-east1 " in captured.out
+  monkeypatch.delenv("GOOGLE_CLOUD_PROJECT")
+  assert submit.main([f"--config={procs.REPO}/cloud_configs/single_cpu.yaml", "--bucket=bkt", "--dry_run",
+                      "--run_id=g2"]) == 0
+  captured = capsys.readouterr()
+  assert "project from-gcloud (from gcloud configuration 'work' core/project)" in captured.err
+  assert "asia-east1-docker.pkg.dev/from-gcloud/vertex-tf-trainer/trainer:src-" in captured.out
+
+
+def test_the_project_of_application_default_credentials(monkeypatch, tmp_path):
+  """A service-account key file's project, read by google.auth.default() without any network."""
+  from cryptography.hazmat.primitives import serialization  # pylint: disable=g-import-not-at-top
+  from cryptography.hazmat.primitives.asymmetric import rsa  # pylint: disable=g-import-not-at-top
+  from scripts import gcp_context  # pylint: disable=g-import-not-at-top
+
+  key = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+      serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()).decode()
+  key_file = tmp_path / "key.json"
+  key_file.write_text(json.dumps({"type": "service_account", "project_id": "adc-project", "private_key_id": "1",
+                                  "private_key": key, "client_email": "sa@adc-project.iam.gserviceaccount.com",
+                                  "client_id": "1", "token_uri": "https://oauth2.googleapis.com/token"}))
+  environ = {"CLOUDSDK_CONFIG": str(tmp_path / "none"), "GOOGLE_APPLICATION_CREDENTIALS": str(key_file)}
+  monkeypatch.setattr(os, "environ", {**os.environ, **environ})
+  for name in ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", "PROJECT"):
+    os.environ.pop(name, None)
+  found = gcp_context.project(None, os.environ)
+  assert (found.value, found.source) == ("adc-project", f"Application Default Credentials ({key_file})")
+  assert gcp_context.project(None, {"CLOUDSDK_CONFIG": str(tmp_path / "none")}) is None
+  assert str(gcp_context.region(None, {"CLOUDSDK_CONFIG": str(tmp_path / "none")})) == \
+      "us-central1 (from the default region)"
+
+
+def test_extra_packages_are_built_into_the_trainer_image(gcs, capsys, tmp_path):
   project = user_package.write(str(tmp_path / "churn-models"))
   with fake_vertex.running() as fake:
     code = submit.main(["--config=cloud_configs/multi_worker_gpu.yaml", "--project=proj", "--bucket=test-bucket",
                         "--run_id=t2", f"--extra_package={project}", f"--args={user_package.MODEL_FLAG}",
                         f"--api_endpoint={fake.endpoint}", "--no_follow"])
     assert code == 0, capsys.readouterr()
+    (build,) = fake.created("builds")
+    context = _context_names(fake, build)
     (body,) = fake.created("customJobs")
-  job = aiplatform_v1.CustomJob()
-  json_format.ParseDict(body, job._pb)  # pylint: disable=protected-access
-  for pool in job.job_spec.worker_pool_specs:
-    trainer_uri, wheel_uri = pool.python_package_spec.package_uris
-    assert trainer_uri.endswith(".tar.gz") and "/vertex-tf-trainer-" in trainer_uri
-    assert wheel_uri.endswith("/churn_models-0.1.0-py3-none-any.whl")  # pip parses a wheel's name: kept as is
-    assert wheel_uri[len("gs://test-bucket/"):] in _list("staging/")
+  assert "dist/extra/churn_models-0.1.0-py3-none-any.whl" in context  # the Dockerfile installs dist/extra/*
+  for pool in _job(body).job_spec.worker_pool_specs:
+    assert not pool.python_package_spec.package_uris and "@sha256:" in pool.container_spec.image_uri
+  plain = submit.TrainerImage  # the image's tag names its source: another package, another tag
+  del plain
+  archive = submit.build_sdist(str(tmp_path / "dist"))
+  wheel = submit.build_extra_package(project, str(tmp_path))
+  from scripts import cloud_build  # pylint: disable=g-import-not-at-top
+  assert cloud_build.source_digest(archive) != cloud_build.source_digest(archive, extras=(wheel,))
+  assert build["images"][0].endswith(cloud_build.source_digest(archive, extras=(wheel,)))
 
 
 def test_hp_tuning_submission(gcs, capsys):
@@ -202,7 +405,8 @@ def test_hp_tuning_submission(gcs, capsys):
   json_format.ParseDict(body, job._pb)  # pylint: disable=protected-access
   assert job.max_trial_count == 12 and job.parallel_trial_count == 3
   assert job.study_spec.metrics[0].metric_id == "accuracy"
-  assert "--hypertune_metric=accuracy" in job.trial_job_spec.worker_pool_specs[0].python_package_spec.args
+  trial_pool = job.trial_job_spec.worker_pool_specs[0]
+  assert "--hypertune_metric=accuracy" in trial_pool.container_spec.args and "@sha256:" in trial_pool.container_spec.image_uri
 
 
 def test_a_study_the_trainer_cannot_run_is_not_sent(gcs, capsys, tmp_path):
@@ -269,14 +473,16 @@ def test_a_study_of_a_users_model_checks_it_and_sends_it_to_every_trial(gcs, cap
     assert submit.main([f"--config={no_dropout}", *common, f"--api_endpoint={fake.endpoint}", "--no_follow"]) == 0, \
         capsys.readouterr()
     (body,) = fake.created("hyperparameterTuningJobs")
-  uris = body["trialJobSpec"]["workerPoolSpecs"][0]["pythonPackageSpec"]["packageUris"]
-  assert len(uris) == 2 and uris[1].endswith("churn_models-0.1.0-py3-none-any.whl"), uris
+    context = _context_names(fake, fake.created("builds")[0])
+  assert "dist/extra/churn_models-0.1.0-py3-none-any.whl" in context  # every trial runs the image holding it
+  assert "@sha256:" in body["trialJobSpec"]["workerPoolSpecs"][0]["containerSpec"]["imageUri"]
   assert "not importable here" not in capsys.readouterr().err
 
 
-def test_dry_run_prints_request_and_an_equivalent_gcloud_command(capsys):
+def test_dry_run_prints_request_and_an_equivalent_gcloud_command(capsys, monkeypatch, tmp_path):
+  monkeypatch.chdir(tmp_path)  # the config lands beside the output, in the current directory
   with fake_vertex.running() as fake:
-    code = submit.main(["--config=cloud_configs/parameter_server.yaml", "--project=proj", "--bucket=bkt",
+    code = submit.main([f"--config={procs.REPO}/cloud_configs/parameter_server.yaml", "--project=proj", "--bucket=bkt",
                         "--run_id=d1", "--dry_run", f"--api_endpoint={fake.endpoint}"])
     assert not fake.requests  # nothing sent
   out = capsys.readouterr().out
@@ -284,8 +490,8 @@ def test_dry_run_prints_request_and_an_equivalent_gcloud_command(capsys):
   json_part, _, rest = out.partition("\n# config written to ")
   printed = json.loads(json_part)
   command = rest.strip().splitlines()[-1]
-  assert command.startswith("gcloud ai custom-jobs create --project=proj --region=us-central1 "
-                            "--display-name=parameter_server-d1 --config=")
+  assert command == ("gcloud ai custom-jobs create --project=proj --region=us-central1 "
+                     "--display-name=parameter_server-d1 --config=parameter_server-d1.yaml")
   with open(command.split("--config=")[1]) as f:
     rendered = yaml.safe_load(f)
   assert rendered == printed["request"]["jobSpec"]  # the gcloud command carries the same spec
@@ -294,7 +500,11 @@ def test_dry_run_prints_request_and_an_equivalent_gcloud_command(capsys):
 
 @pytest.mark.parametrize("args,message", [
     (["--config=cloud_configs/single_cpu.yaml", "--project=p"], r"^error: --bucket is required"),
-    (["--config=cloud_configs/single_cpu.yaml", "--bucket=test-bucket"], r"^error: --project is required"),
+    (["--config=cloud_configs/single_cpu.yaml", "--bucket=test-bucket"],
+     r"^error: no Google Cloud project: pass --project, set GOOGLE_CLOUD_PROJECT, or run `gcloud config set project "
+     r"PROJECT_ID` \(or set PROJECT\)$"),
+    (["--config=cloud_configs/single_cpu.yaml", "--project=p", "--bucket=test-bucket", "--service_account=me"],
+     r"^error: --service_account='me' is not a service account e-mail; expected NAME@PROJECT.iam.gserviceaccount.com$"),
     (["--config=cloud_configs/nope.yaml", "--project=p", "--bucket=test-bucket"],
      r"^error: cloud_configs/nope.yaml: cannot read"),
     (["--config=cloud_configs/single_cpu.yaml", "--project=p", "--bucket=test-bucket", "--env=NOEQUALS"],
@@ -312,7 +522,10 @@ def test_dry_run_prints_request_and_an_equivalent_gcloud_command(capsys):
     (["--config=cloud_configs/single_cpu.yaml", "--project=p", "--bucket=Bad Bucket!"],
      r"^error: --bucket='Bad Bucket!' is not a Cloud Storage bucket name"),
 ])
-def test_bad_submissions_upload_nothing(gcs, capsys, args, message):
+def test_bad_submissions_upload_nothing(gcs, capsys, monkeypatch, tmp_path, args, message):
+  for name in ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", "PROJECT", "GOOGLE_APPLICATION_CREDENTIALS"):
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "no-gcloud"))
   before = _list("")
   with fake_vertex.running() as fake:
     assert submit.main(args + [f"--api_endpoint={fake.endpoint}"]) == 2

@@ -127,7 +127,8 @@ def check_inputs(config: config_lib.Config) -> Inputs:
   schema = _read_schema(config)
   for split, (flag, _) in splits.items():
     if sources[split].format == "csv":
-      sources[split] = _csv_columns(sources[split], files[split][0], schema, data_cfg, flag=flag)
+      sources[split] = csv_columns(sources[split], files[split][0], schema, columns=data_cfg.csv_columns,
+                                   multiline=data_cfg.csv_multiline, flag=flag)
   origin = data_cfg.schema_path
   if schema is None:
     schema, origin = _infer_schema(config, files["train"], sources["train"])
@@ -207,10 +208,14 @@ def _read_schema(config: config_lib.Config) -> schema_lib.Schema | None:
   return schema
 
 
-def _csv_columns(source: formats.Source, path: str, schema: schema_lib.Schema | None,
-                 data_cfg: config_lib.DataConfig, *, flag: str) -> formats.Source:
-  columns = data_cfg.csv_columns or (schema.csv_columns if schema is not None else None)
-  source = formats.csv_source(source, path, columns=columns, flag=flag, multiline=data_cfg.csv_multiline)
+def csv_columns(source: formats.Source, path: str, schema: schema_lib.Schema | None, *,
+                columns: tuple[str, ...] | None = None, multiline: bool | None = None, flag: str) -> formats.Source:
+  """A CSV source's columns and header as the trainer settles them for `path`: `columns` (--csv_columns), else
+  the schema's `columns`, checked against the first row; else its header row; else, with a schema and as many
+  fields as it has columns, the schema's order. Public so that a tool converting CSV (staging it as TFRecord) reads
+  a file exactly as training does."""
+  columns = columns or (schema.csv_columns if schema is not None else None)
+  source = formats.csv_source(source, path, columns=columns, flag=flag, multiline=multiline)
   if not source.header and columns is None and schema is not None:
     if len(source.columns) != len(schema.columns):
       raise UserError(f"{flag}: {path} has no header row and {len(source.columns)} fields per row, the schema "

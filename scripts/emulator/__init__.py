@@ -6,6 +6,6 @@ proxy for TensorFlow's C++ client (`proxy`). `process` starts and stops the pair
 throwaway CA. The command line is `python -m scripts.gcs_emulator`.
 """
 
-from scripts.emulator.process import Emulator, running, start
+from scripts.emulator.process import Emulator, running, start, unanswered
 
-__all__ = ["Emulator", "running", "start"]
+__all__ = ["Emulator", "running", "start", "unanswered"]

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from typing import Iterator
 
 from scripts import loopback
@@ -72,6 +73,13 @@ class Emulator:
 
   def exports(self) -> str:
     return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in self.env.items())
+
+  @classmethod
+  def unsets(cls) -> str:
+    """`unset` lines for every variable `exports` sets. The names come from `env` itself (of a placeholder with no
+    ports), so what `start` exports and what `stop` / `env-unset` take back can never drift apart."""
+    names = cls(gcs_port=0, proxy_port=0, directory="", pids=[], ca_path="").env
+    return "".join(f"unset {name}\n" for name in names)
 
   def stop(self) -> None:
     for pid in self.pids:
@@ -169,6 +177,39 @@ def start(*, buckets: tuple[str, ...] = (), fail_rate: float = 0.0, seed: int = 
         proc.kill()
         proc.wait()
     raise
+
+
+def unanswered(host: str, *, buckets: tuple[str, ...] = (), timeout: float = 2.0) -> str | None:
+  """None when the emulator named by `host` (a STORAGE_EMULATOR_HOST value) answers HTTP, else the one line that
+  says it does not and what to do.
+
+  Why ask first: google-cloud-storage retries a refused connection for two minutes before it fails, and a shell
+  keeps the variables of an emulator that has since stopped (a reboot, `stop` run from another shell)."""
+  url = urllib.parse.urlsplit(host if "://" in host else f"http://{host}")
+  try:
+    port = url.port or (443 if url.scheme == "https" else 80)
+  except ValueError:
+    port = None
+  if url.scheme not in ("http", "https") or not url.hostname or port is None:
+    reason = "expected http://HOST:PORT"
+  else:
+    reason = None
+    try:
+      with socket.create_connection((url.hostname, port), timeout=timeout) as sock:
+        if url.scheme == "http":  # any HTTP answer will do (fake-gcs-server answers `/` with a 404)
+          sock.sendall(f"GET / HTTP/1.0\r\nHost: {url.hostname}:{port}\r\n\r\n".encode())
+          if not sock.recv(16).startswith(b"HTTP/"):
+            reason = "the port answers, but not as an HTTP server"
+    except socket.timeout:
+      reason = f"no answer within {timeout:g} s"
+    except OSError as e:
+      reason = (e.strerror or str(e)).lower()
+  if reason is None:
+    return None
+  start = " ".join(f"--bucket {shlex.quote(b)}" for b in buckets) or "--bucket BUCKET"
+  return (f"STORAGE_EMULATOR_HOST={host} does not answer ({reason}); start the emulator "
+          f'(eval "$(python -m scripts.gcs_emulator start {start})") or unset the variables '
+          '(eval "$(python -m scripts.gcs_emulator env-unset)")')
 
 
 def create_bucket(emulator: Emulator, name: str) -> None:
