@@ -468,9 +468,11 @@ def _submit(args) -> int:
       print(json.dumps(printed, indent=2))
       first = (f"push the trainer image {image.target} ({'the build above' if build_request else 'as given'})"
                if image else f"upload the sdist to {uri}")
-      print(f"# config written to {os.path.relpath(rendered)}; {first}, then:")
+      # As written when given; the default (in the current directory) by its plain name.
+      shown = rendered if args.rendered_config else os.path.relpath(rendered)
+      print(f"# config written to {shown}; {first}, then:")
       print(gcloud_command(config.kind, project=args.project, region=args.region, display_name=display_name,
-                           config_file=os.path.relpath(rendered)))
+                           config_file=shown))
       return 0
     for warning in serving_warnings if upload_request else ():
       print(f"warning: {warning}", file=sys.stderr)
