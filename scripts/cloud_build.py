@@ -126,3 +126,12 @@ def run_build(client, request: dict, *, timeout_secs: float = 3600) -> str:
   pushed = [i for i in build.results.images if i.name == request["build"]["images"][0]]
   return f"{pushed[0].name.split(':')[0]}@{pushed[0].digest}" if pushed and pushed[0].digest else \
       request["build"]["images"][0]
+
+
+def build_and_say(request: dict, api_endpoint: str | None) -> str:
+  """Runs one Cloud Build request to its end, saying so on stdout; returns the pushed image by digest. A failed
+  build is a RuntimeError naming the build and its log."""
+  print(f"building {request['build']['images'][0]} with Cloud Build ...", flush=True)
+  built = run_build(build_client(api_endpoint), request)
+  print(f"built {built}", flush=True)
+  return built

@@ -601,13 +601,10 @@ def _build_serving_image(image: str, training_tf: str, *, project: str, region: 
     print(f"staged {os.path.basename(context)} -> {context_uri}", flush=True)
   request = cloud_build.build_request(project=project, region=region, image=image, context_uri=context_uri,
                                       tf_version=registry.serving_tf_version(training_tf))
-  print(f"building {image} with Cloud Build ...", flush=True)
   try:
-    built = cloud_build.run_build(cloud_build.build_client(api_endpoint), request)
+    return cloud_build.build_and_say(request, api_endpoint)
   except RuntimeError as e:
     raise RegisterError(f"--build_serving_image: {e}") from None
-  print(f"built {built}", flush=True)
-  return built
 
 
 if __name__ == "__main__":

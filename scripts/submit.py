@@ -540,13 +540,10 @@ def _existing_or_built(args, image: TrainerImage, build_request: dict, context: 
 
 def _build(request: dict, flag: str, api_endpoint: str | None) -> str:
   """Runs one Cloud Build request to its end, saying so; returns the pushed image by digest."""
-  print(f"building {request['build']['images'][0]} with Cloud Build ...", flush=True)
   try:
-    built = cloud_build.run_build(cloud_build.build_client(api_endpoint), request)
+    return cloud_build.build_and_say(request, api_endpoint)
   except RuntimeError as e:
     raise SubmitError(f"{flag}: {e}") from None
-  print(f"built {built}", flush=True)
-  return built
 
 
 def _deploy_requests(args, display_name: str):

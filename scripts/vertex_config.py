@@ -417,8 +417,8 @@ def _check_accelerator(machine: dict, where: str) -> str | None:
   family = machine_type.split("-")[0]
   if family in {m.split("-")[0] for m in _FIXED_GPUS}:
     sizes = sorted(m for m, (a, _) in _FIXED_GPUS.items() if m.startswith(family + "-"))
-    raise ConfigError(f"{where}: {machine_type} is not a {family} machine type Vertex lists; {family} has "
-                      f"{', '.join(sizes)}")
+    raise ConfigError(f"{where}: {machine_type} is not a machine type Vertex lists in the {family} family, which "
+                      f"has {', '.join(sizes)}")
   return (f"{where}: {machine_type} is a machine family this project's table (scripts/vertex_config.py, read "
           f"2026-12-06) does not know; Vertex will judge {count} x {kind} on it")
 

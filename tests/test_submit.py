@@ -95,7 +95,7 @@ BEFORE_THE_END = datetime.date(2026, 1, 5)
      r"acceleratorCount 8$"),
     (GOOD.replace("{machineType: n1-standard-4}",
                   "{machineType: a4-highgpu-4g, acceleratorType: NVIDIA_B200, acceleratorCount: 4}"),
-     r"a4-highgpu-4g is not a a4 machine type Vertex lists; a4 has a4-highgpu-8g$"),
+     r"a4-highgpu-4g is not a machine type Vertex lists in the a4 family, which has a4-highgpu-8g$"),
     (GOOD + "scheduling: {strategy: FLEX_START, timeout: 700000s}\n",
      r"scheduling\.timeout 700000s is over FLEX_START's 7 days \(604800s\)$"),
     (GOOD + "scheduling: {strategy: SPOT, maxWaitDuration: 600s}\n",
@@ -103,10 +103,14 @@ BEFORE_THE_END = datetime.date(2026, 1, 5)
     (GOOD.replace("${TRAINER_IMAGE}", "${TRAINER}"), r"unknown placeholder\(s\) \$\{TRAINER\}"),
 ])
 def test_bad_configs(tmp_path, text, message):
+  _refused_in_one_line(tmp_path, text, message)
+
+
+def _refused_in_one_line(tmp_path, text: str, message: str, **load_kwargs) -> None:
   path = tmp_path / "job.yaml"
   path.write_text(text)
   with pytest.raises(vertex_config.ConfigError, match=message) as raised:
-    vertex_config.load(str(path), VALUES)
+    vertex_config.load(str(path), VALUES, **load_kwargs)
   assert str(raised.value).startswith(str(path)) and "\n" not in str(raised.value)
 
 
@@ -144,11 +148,7 @@ def test_an_unknown_machine_family_is_a_warning_for_vertex_to_judge(tmp_path):
     (PACKAGE.replace("${PACKAGE_URI}", "${PACKAGE}"), r"unknown placeholder\(s\) \$\{PACKAGE\}"),
 ])
 def test_bad_package_configs(tmp_path, text, message):
-  path = tmp_path / "job.yaml"
-  path.write_text(text)
-  with pytest.raises(vertex_config.ConfigError, match=message) as raised:
-    vertex_config.load(str(path), VALUES, today=BEFORE_THE_END)
-  assert str(raised.value).startswith(str(path)) and "\n" not in str(raised.value)
+  _refused_in_one_line(tmp_path, text, message, today=BEFORE_THE_END)
 
 
 def test_a_prebuilt_training_image_past_its_end_of_availability_is_refused(tmp_path, gcs, capsys):
