@@ -116,7 +116,7 @@ def _spec(tmp_path, parameters=TUNED, **kwargs):
   from scripts import vertex_config  # pylint: disable=g-import-not-at-top
 
   path = _config(tmp_path / "study.yaml", parameters=parameters, **kwargs)
-  config = vertex_config.load(path, {"BUCKET": "test-bucket", "RUN_ID": "r", "PACKAGE_URI": "gs://b/p.tar.gz"})
+  config = vertex_config.load(path, {"BUCKET": "test-bucket", "RUN_ID": "r", "TRAINER_IMAGE": "trainer-image"})
   return study_spec.parse(config.body, path), config.body
 
 

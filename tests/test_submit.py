@@ -263,6 +263,7 @@ def test_submission_builds_the_trainer_image_once_and_reuses_it_by_source(gcs, c
   common = ["--config=cloud_configs/multi_worker_gpu.yaml", "--project=proj", "--region=europe-west4",
             "--bucket=test-bucket", "--args=--train_steps=50", "--env=MODE=test", "--poll_secs=0.05",
             "--service_account=trainer@proj.iam.gserviceaccount.com"]
+  staged_before = set(_list("staging/"))
   with fake_vertex.running() as fake:
     code = submit.main([*common, "--run_id=t1", f"--api_endpoint={fake.endpoint}"])
     out = capsys.readouterr().out
@@ -299,7 +300,8 @@ def test_submission_builds_the_trainer_image_once_and_reuses_it_by_source(gcs, c
   assert f"console: https://console.cloud.google.com/agent-platform/locations/europe-west4/training/{job_id}" \
       "?project=proj" in out
   assert "JOB_STATE_SUCCEEDED" in out
-  assert not [n for n in _list("staging/") if n.endswith(".tar.gz") and "/vertex-tf-trainer-" in "/" + n]
+  # Only the image's build context went to the bucket: a container holds its packages, nothing installs an sdist.
+  assert [n.split("/")[-1].split("-context-")[0] for n in set(_list("staging/")) - staged_before] == ["trainer-image"]
 
 
 def test_a_repository_that_cannot_be_made_is_refused_with_the_command_that_makes_it(gcs, capsys, monkeypatch):
