@@ -14,13 +14,26 @@ never mix): `prediction.results-NNNNN-of-NNNNN` lines of
 `{"instance": ..., "error": {"code": 3, "message": ...}}` for the instances the model cannot answer. A bad instance
 never stops the job. The files appear when the job is done (written under temporary names first).
 
-`submit` sends the BatchPredictionJob (JobService) for a registered model with the same input and output.
+Vertex's `instanceConfig` decides what reaches the model, here as in the job `submit` sends (the same flags):
+--key_field=F takes F out of what is sent and writes `{"key": <F's value>, "prediction": ...}` instead of the
+instance; --included_fields=A,B sends only those fields; --excluded_fields=C,D sends all but those (the output's
+instance keeps them); the two lists exclude each other; --instance_type=array sends the included fields' values as
+a list, in their order. A field none of these name and the model does not take (an id, a name) is ignored by the
+model as the serving container ignores it (scripts/predict.py: one rule for the endpoint, the serving image on
+Vertex and this command), and listed in the summary as `ignored_fields`.
+
+A run that predicts nothing (every instance an error, or no instance at all) exits 2 with one `error:` line that
+says how many failed and why the first did; a run where some fail exits 0 and says how many on standard error.
+
+`submit` sends the BatchPredictionJob (JobService) for a registered model with the same input, instanceConfig and
+output.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import datetime
 import io
 import json
@@ -34,6 +47,7 @@ from scripts import predict
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tfrecord": "tfrecord"}
 INVALID_ARGUMENT = 3  # google.rpc.Code, as Vertex writes it in errors_stats
+ERRORS_FILE = "prediction.errors_stats-00000-of-00001"
 
 
 class BatchError(ValueError):
@@ -63,15 +77,94 @@ def input_format(files: list[str], given: str) -> str:
   return next(iter(kinds.values()))
 
 
-def instances(files: list[str], kind: str) -> Iterator[Any]:
-  """Every instance of every file, as Vertex's request would carry it (a bad line: a `_BadLine`)."""
+@dataclasses.dataclass(frozen=True)
+class InstanceConfig:
+  """Vertex's BatchPredictionJob.InstanceConfig (aiplatform_v1): which fields of each input instance reach the
+  model, in which form, and what the output carries in place of the instance."""
+
+  instance_type: str = "object"
+  key_field: str | None = None
+  included_fields: tuple[str, ...] = ()
+  excluded_fields: tuple[str, ...] = ()
+
+  def check(self, kind: str) -> None:
+    """Refuses what Vertex refuses (or would apply differently) for input of `kind`, one line naming the flag."""
+    if self.included_fields and self.excluded_fields:
+      raise BatchError(f"--included_fields={','.join(self.included_fields)} and --excluded_fields="
+                       f"{','.join(self.excluded_fields)}: Vertex takes one or the other (what is sent, or what is "
+                       "not)")
+    if kind == "csv" and (self.included_fields or self.excluded_fields or self.instance_type == "array"):
+      flag = (f"--included_fields={','.join(self.included_fields)}" if self.included_fields else
+              f"--excluded_fields={','.join(self.excluded_fields)}" if self.excluded_fields else
+              "--instance_type=array")
+      raise BatchError(f"{flag}: Vertex applies it to JSONL objects (and TFRecord), not to CSV input; with CSV, "
+                       "--key_field passes an id column to the output, and a column the model does not take is "
+                       "ignored")
+    if self.instance_type == "array" and not self.included_fields:
+      raise BatchError("--instance_type=array: needs --included_fields, the fields whose values make the list, in "
+                       "order (Vertex requires it for JSONL objects)")
+
+  def request(self) -> dict:
+    """The job's instanceConfig (REST JSON): only what is set."""
+    config: dict[str, Any] = {"instanceType": self.instance_type}
+    if self.key_field:
+      config["keyField"] = self.key_field
+    if self.included_fields:
+      config["includedFields"] = list(self.included_fields)
+    if self.excluded_fields:
+      config["excludedFields"] = list(self.excluded_fields)
+    return config
+
+  @property
+  def reshapes(self) -> bool:
+    return bool(self.key_field or self.included_fields or self.excluded_fields or self.instance_type == "array")
+
+  def split(self, instance: Any) -> tuple[Any, Any, str | None]:
+    """(what the model is sent, what the output shows in its place, why the instance cannot be sent or None).
+    The output shows `{"key": value}` under --key_field, else the instance: as read (excluded fields attached,
+    as Vertex attaches them), or as sent when --included_fields chose its fields."""
+    if not self.reshapes:
+      return instance, {"instance": instance}, None
+    if not isinstance(instance, dict):
+      return None, {"instance": instance}, ("is not a JSON object; --key_field, --included_fields, "
+                                            "--excluded_fields and --instance_type=array take objects")
+    if self.key_field and self.key_field not in instance:
+      return None, {"instance": instance}, f"has no field {self.key_field!r} (--key_field)"
+    left_out = set(self.excluded_fields) | ({self.key_field} if self.key_field else set())
+    if self.included_fields:
+      fields = [f for f in self.included_fields if f not in left_out]
+      if self.instance_type == "array":
+        sent: Any = [instance.get(f) for f in fields]
+      else:
+        sent = {f: instance[f] for f in fields if f in instance}
+    else:
+      sent = {k: v for k, v in instance.items() if k not in left_out}
+    if self.key_field:
+      return sent, {"key": instance[self.key_field]}, None
+    return sent, {"instance": sent if self.included_fields else instance}, None
+
+
+def field_list(flag: str, text: str | None) -> tuple[str, ...]:
+  """A comma-separated flag's field names."""
+  if not text:
+    return ()
+  names = tuple(n.strip() for n in text.split(","))
+  if not all(names):
+    raise BatchError(f"{flag}={text}: an empty field name; expected names separated by commas (Name,Ticket)")
+  return names
+
+
+def instances(files: list[str], kind: str) -> Iterator[tuple[str, Any]]:
+  """Every instance of every file, as Vertex's request would carry it (a bad line: a `_BadLine`), with where it
+  is (`new.jsonl line 3`), for the summary's first error."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   for path in files:
     if kind == "tfrecord":
       compression = "GZIP" if path.endswith(".gz") else ""
-      for record in tf.data.TFRecordDataset(path, compression_type=compression).as_numpy_iterator():
-        yield _example_instance(record)
+      records = tf.data.TFRecordDataset(path, compression_type=compression).as_numpy_iterator()
+      for number, record in enumerate(records, 1):
+        yield f"{os.path.basename(path)} record {number}", _example_instance(record)
       continue
     with tf.io.gfile.GFile(path, "rb") as f:
       raw = f.read()
@@ -82,20 +175,22 @@ def instances(files: list[str], kind: str) -> Iterator[Any]:
     if kind == "jsonl":
       for number, line in enumerate(text.splitlines(), 1):
         if line.strip():
+          where = f"{os.path.basename(path)} line {number}"
           try:
-            yield json.loads(line)
+            yield where, json.loads(line)
           except ValueError as e:
-            yield _BadLine(line, f"{os.path.basename(path)} line {number} is not JSON ({e})")
+            yield where, _BadLine(line, f"{where} is not JSON ({e})")
     else:
       reader = csv.DictReader(io.StringIO(text))
       for row in reader:
+        where = f"{os.path.basename(path)} line {reader.line_num}"
         given = [v for k, v in row.items() if k is not None and v is not None] + list(row.get(None) or [])
         if len(given) != len(reader.fieldnames):  # fewer fields than the header, or more
-          yield _BadLine(",".join(given), f"{os.path.basename(path)} line {reader.line_num} has {len(given)} fields; "
-                         f"its header has {len(reader.fieldnames)}")
+          yield where, _BadLine(",".join(given), f"{where} has {len(given)} fields; its header has "
+                                f"{len(reader.fieldnames)}")
           continue
         # An empty cell is a missing value, as training reads it (scripts/predict.py reads numbers in text).
-        yield {key: None if value == "" else value for key, value in row.items()}
+        yield where, {key: None if value == "" else value for key, value in row.items()}
 
 
 class _BadLine:
@@ -127,41 +222,53 @@ def _is_text(value: bytes) -> bool:
 
 
 def run_local(model: predict.SessionModel, files: list[str], kind: str, output_dir: str, *, batch_size: int,
-              results_per_file: int) -> dict[str, int]:
-  """Answers every instance; writes Vertex's results and errors files; returns the counts."""
+              results_per_file: int, config: InstanceConfig = InstanceConfig()) -> dict[str, Any]:
+  """Answers every instance; writes Vertex's results and errors files; returns the counts, the fields the model
+  ignored, and where the first error was and why (`first_error`, None when none failed)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   results: list[str] = []
   errors: list[str] = []
-  batch: list[Any] = []
+  first_error: list[str] = []
+  ignored: set[str] = set()
+  batch: list[tuple[str, Any]] = []
+
+  def fail(where: str, shown: dict, message: str) -> None:
+    errors.append(json.dumps({**_echo(shown), "error": {"code": INVALID_ARGUMENT, "message": message}}))
+    if not first_error:
+      first_error.append(f"{where}: {message}" if not message.startswith(where) else message)
 
   def flush() -> None:
     """Answers the batch at once; when the model refuses it, one instance at a time, in input order, so only
     the bad ones go to errors_stats."""
-    good = [i for i in batch if not isinstance(i, _BadLine)]
+    prepared = []  # (where, what is sent, what the output shows, why it cannot be sent or None)
+    for where, instance in batch:
+      if isinstance(instance, _BadLine):
+        prepared.append((where, None, {"instance": instance.text}, instance.reason))
+        continue
+      sent, shown, why = config.split(instance)
+      prepared.append((where, sent, shown, why and f"the instance {why}"))
+    good = [sent for _, sent, _, why in prepared if why is None]
     try:
-      answered = predict.predict(model, {"instances": good})["predictions"] if good else []
+      answered = predict.predict(model, {"instances": good}, ignored=ignored)["predictions"] if good else []
     except predict.PredictError:
       answered = None
-    for instance in batch:
-      if isinstance(instance, _BadLine):
-        errors.append(json.dumps({"instance": instance.text,
-                                  "error": {"code": INVALID_ARGUMENT, "message": instance.reason}}))
+    for where, sent, shown, why in prepared:
+      if why is not None:
+        fail(where, shown, why)
         continue
       if answered is not None:
-        results.append(json.dumps({"instance": _echo(instance), "prediction": answered.pop(0)}))
+        results.append(json.dumps({**_echo(shown), "prediction": answered.pop(0)}))
         continue
       try:
-        (prediction,) = predict.predict(model, {"instances": [instance]})["predictions"]
-        results.append(json.dumps({"instance": _echo(instance), "prediction": prediction}))
+        (prediction,) = predict.predict(model, {"instances": [sent]}, ignored=ignored)["predictions"]
+        results.append(json.dumps({**_echo(shown), "prediction": prediction}))
       except predict.PredictError as e:
-        message = str(e).replace("instance 0: ", "", 1)
-        errors.append(json.dumps({"instance": _echo(instance),
-                                  "error": {"code": INVALID_ARGUMENT, "message": message}}))
+        fail(where, shown, str(e).replace("instance 0: ", "", 1))
     batch.clear()
 
-  for instance in instances(files, kind):
-    batch.append(instance)
+  for item in instances(files, kind):
+    batch.append(item)
     if len(batch) >= batch_size:
       flush()
   flush()
@@ -170,14 +277,18 @@ def run_local(model: predict.SessionModel, files: list[str], kind: str, output_d
   for shard in range(shards):
     lines = results[shard * results_per_file:(shard + 1) * results_per_file]
     written.append((f"prediction.results-{shard:05d}-of-{shards:05d}", lines))
-  written.append(("prediction.errors_stats-00000-of-00001", errors))
+  written.append((ERRORS_FILE, errors))
   for name, lines in written:  # temporary names first: a crash leaves nothing that looks like a result
     with tf.io.gfile.GFile(f"{output_dir.rstrip('/')}/.{name}.tmp", "w") as f:
       f.write("".join(line + "\n" for line in lines))
   for name, _ in written:
     tf.io.gfile.rename(f"{output_dir.rstrip('/')}/.{name}.tmp", f"{output_dir.rstrip('/')}/{name}", overwrite=True)
-  return {"instances": len(results) + len(errors), "predictions": len(results), "errors": len(errors),
-          "result_files": shards}
+  counts: dict[str, Any] = {"instances": len(results) + len(errors), "predictions": len(results),
+                            "errors": len(errors), "result_files": shards}
+  if ignored:
+    counts["ignored_fields"] = sorted(ignored)
+  counts["first_error"] = first_error[0] if first_error else None
+  return counts
 
 
 def _echo(instance: Any) -> Any:
@@ -202,7 +313,8 @@ def output_folder(output_dir: str, model_dir: str, now: datetime.datetime | None
 
 
 def batch_request(*, parent: str, display_name: str, model: str, input_uris: list[str], kind: str,
-                  output_dir: str, machine_type: str, replicas: int) -> dict:
+                  output_dir: str, machine_type: str, replicas: int,
+                  config: InstanceConfig = InstanceConfig()) -> dict:
   """The CreateBatchPredictionJobRequest body (REST JSON)."""
   return {
       "parent": parent,
@@ -210,8 +322,9 @@ def batch_request(*, parent: str, display_name: str, model: str, input_uris: lis
           "displayName": display_name,
           "model": model,
           "inputConfig": {"instancesFormat": kind, "gcsSource": {"uris": input_uris}},
-          # Each row sent as an object keyed by its column names, as the signature's named inputs take it.
-          "instanceConfig": {"instanceType": "object"},
+          # Each row sent as an object keyed by its column names (unless --instance_type says otherwise), as the
+          # signature's named inputs take it; the key, included and excluded fields as the flags give them.
+          "instanceConfig": config.request(),
           "outputConfig": {"predictionsFormat": "jsonl", "gcsDestination": {"outputUriPrefix": output_dir}},
           "dedicatedResources": {"machineSpec": {"machineType": machine_type}, "startingReplicaCount": replicas,
                                  "maxReplicaCount": replicas},
@@ -234,12 +347,28 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--machine_type", default="n1-standard-4")
   parser.add_argument("--replica_count", type=int, default=1)
   parser.add_argument("--display_name", default="vertex-tf-trainer-batch")
+  parser.add_argument("--key_field", default=None,
+                      help="a field (an id) not sent to the model; the output carries it as `key` instead of the "
+                      "instance (Vertex's instanceConfig.keyField)")
+  parser.add_argument("--included_fields", default=None,
+                      help="comma-separated: send only these fields (instanceConfig.includedFields; JSONL)")
+  parser.add_argument("--excluded_fields", default=None,
+                      help="comma-separated: send all fields but these; the output's instance keeps them "
+                      "(instanceConfig.excludedFields; JSONL)")
+  parser.add_argument("--instance_type", default="object", choices=("object", "array"),
+                      help="what each instance reaches the model as (instanceConfig.instanceType); array takes "
+                      "--included_fields for the order")
   parser.add_argument("--dry_run", action="store_true")
   parser.add_argument("--api_endpoint", default=os.environ.get("VERTEX_API_ENDPOINT"), help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   try:
     if args.batch_size < 1 or args.results_per_file < 1 or args.replica_count < 1:
       raise BatchError("--batch_size, --results_per_file and --replica_count take a count >= 1")
+    if args.key_field is not None and not args.key_field.strip():
+      raise BatchError("--key_field=: expected a field name (the id column whose value the output carries)")
+    args.config = InstanceConfig(instance_type=args.instance_type, key_field=args.key_field or None,
+                                 included_fields=field_list("--included_fields", args.included_fields),
+                                 excluded_fields=field_list("--excluded_fields", args.excluded_fields))
     if args.command == "local":
       return _local(args)
     return _submit(args)
@@ -255,20 +384,37 @@ def _local(args) -> int:
 
   files = input_files(args.input)
   kind = input_format(files, args.format)
+  args.config.check(kind)
   if tf.io.gfile.exists(args.output_dir) and not tf.io.gfile.isdir(args.output_dir):
     raise BatchError(f"--output_dir={args.output_dir}: a file is there; expected a directory (made if missing)")
   model = predict.load(args.model_dir)
-  folder = output_folder(args.output_dir, args.model_dir)
   try:
-    tf.io.gfile.makedirs(folder)
-  except tf.errors.OpError as e:
-    raise BatchError(f"--output_dir={args.output_dir}: cannot make {folder} ({e.message.splitlines()[0]})") from None
-  try:
+    if args.config.instance_type == "array" and len(model.inputs) > 1:
+      raise BatchError(f"--instance_type=array: each instance would reach the model as a list of values, and its "
+                       f"signature takes {len(model.inputs)} inputs by name ({', '.join(sorted(model.inputs))}): "
+                       "use --instance_type=object (the default)")
+    folder = output_folder(args.output_dir, args.model_dir)
+    try:
+      tf.io.gfile.makedirs(folder)
+    except tf.errors.OpError as e:
+      raise BatchError(f"--output_dir={args.output_dir}: cannot make {folder} ({e.message.splitlines()[0]})"
+                       ) from None
     counts = run_local(model, files, kind, folder, batch_size=args.batch_size,
-                       results_per_file=args.results_per_file)
+                       results_per_file=args.results_per_file, config=args.config)
   finally:
     model.close()
-  print(json.dumps({**counts, "output_dir": folder, "input_files": len(files), "format": kind}))
+  first_error = counts.pop("first_error")
+  print(json.dumps({**counts, "output_dir": folder, "input_files": len(files), "format": kind}), flush=True)
+  total, failed = counts["instances"], counts["errors"]
+  if total == 0:
+    raise BatchError(f"--input={args.input}: its {len(files)} file(s) hold no instance; nothing was predicted")
+  where = f"{folder}/{ERRORS_FILE}"
+  if counts["predictions"] == 0:
+    raise BatchError(f"no prediction: all {total} instances failed; the first at {first_error} (every error in "
+                     f"{where})")
+  if failed:
+    print(f"warning: {failed} of {total} instances failed; the first at {first_error} (every error in {where})",
+          file=sys.stderr)
   return 0
 
 
@@ -282,13 +428,14 @@ def _submit(args) -> int:
   if not all(u.startswith("gs://") for u in inputs) or not args.output_dir.startswith("gs://"):
     raise BatchError("submit reads --input and writes --output_dir in Cloud Storage: gs:// URIs (patterns allowed)")
   kind = input_format(inputs, args.format)
+  args.config.check(kind)
   if kind == "tfrecord":
     raise BatchError("--input: Vertex sends each TFRecord record to the model as one {\"b64\": ...} value, and this "
                      "export's signature takes features by name: give Vertex JSONL or CSV (local reads TFRecord "
                      "files as tf.train.Examples)")
   request = batch_request(parent=f"projects/{args.project}/locations/{args.region}", display_name=args.display_name,
                           model=args.model, input_uris=inputs, kind=kind, output_dir=args.output_dir,
-                          machine_type=args.machine_type, replicas=args.replica_count)
+                          machine_type=args.machine_type, replicas=args.replica_count, config=args.config)
   from google.cloud import aiplatform_v1  # pylint: disable=g-import-not-at-top
   from google.protobuf import json_format  # pylint: disable=g-import-not-at-top
 

@@ -14,12 +14,20 @@ Request and response bodies are those of Vertex / TF Serving's REST API:
 - column form `{"inputs": {"feature": [values], ...}}` -> `{"outputs": {"output": [values], ...}}`.
 Binary strings travel as `{"b64": "..."}`. A bad request or instance is one `error:` line naming the instance and
 the feature, exit code 2.
+
+A field that is not an input of the model (an id or a name column a raw export carries, the label) is ignored, as
+Vertex's tabular models ignore extra columns, and named once on standard error; this is the one place that rule
+lives, so the local endpoint (scripts/serve.py), the serving image on Vertex (which answers Vertex's batch jobs too)
+and `scripts.batch_predict local` agree. One exception: a field that looks like a misspelling of an input the
+instance lacks is refused (`'tenure' is not an input ...; did you mean 'tenure_months'`), because filling the
+input with its default would answer silently with the wrong value.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import difflib
 import json
 import math
 import sys
@@ -27,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from trainer.feature_kinds import _IMAGE_MAGIC as IMAGE_MAGIC  # the trainer's own test of image bytes: one rule
+from trainer.schema import ENCODED_IMAGES
 from trainer.schema import safe_name
 
 
@@ -88,6 +98,10 @@ class TrainingColumns:
     self.input_of = {f["name"]: name for name, f in by_input.items()}
     self.defaults = {name: f.get("default") for name, f in by_input.items()}
     self.label = label
+    # Inputs that take an image file's bytes ({"b64": ...}; a column of file URIs in training takes the files'
+    # bytes in serving too): checked here, so a bad one names its instance and feature.
+    self.images = {name for name, f in by_input.items() if f.get("type") == "image"
+                   and f.get("encoding", "jpeg" if f.get("uri") else "raw") in ENCODED_IMAGES}
 
   @classmethod
   def beside(cls, model_dir: str, inputs) -> "TrainingColumns":
@@ -108,8 +122,9 @@ class TrainingColumns:
     return f"{shown} (column {column!r})" if column and column != name else shown
 
 
-def predict(model: SessionModel, body: Any) -> dict[str, Any]:
-  """The response body for one request body (already decoded from JSON)."""
+def predict(model: SessionModel, body: Any, *, ignored: set[str] | None = None) -> dict[str, Any]:
+  """The response body for one request body (already decoded from JSON). The names of fields that are not inputs
+  (ignored, see the module's docstring) are added to `ignored` when it is given, for the caller to report."""
   if not isinstance(body, dict) or ("instances" in body) == ("inputs" in body):
     raise PredictError("the request must be a JSON object with exactly one of 'instances' (rows) or 'inputs' "
                        "(columns)")
@@ -117,8 +132,11 @@ def predict(model: SessionModel, body: Any) -> dict[str, Any]:
     instances = body["instances"]
     if not isinstance(instances, list) or not instances:
       raise PredictError("'instances' must be a non-empty list of rows")
-    columns = _columns_from_rows(model, instances)
-    outputs = model.run(columns)
+    columns = _columns_from_rows(model, instances, ignored)
+    try:
+      outputs = model.run(columns)
+    except PredictError as e:
+      raise _which_instance(model, columns, e) from None
     rows = [{name: _jsonable(value[i]) for name, value in outputs.items()} for i in range(len(instances))]
     if len(model.outputs) == 1:
       rows = [next(iter(row.values())) for row in rows]
@@ -127,7 +145,7 @@ def predict(model: SessionModel, body: Any) -> dict[str, Any]:
   if not isinstance(inputs, dict):
     raise PredictError("'inputs' must be an object of feature -> list of values (one per row)")
   lengths = {len(v) for v in inputs.values() if isinstance(v, list)}
-  inputs = _as_inputs(model, inputs, where="'inputs'", rows=max(lengths) if lengths else 1)
+  inputs = _as_inputs(model, inputs, where="'inputs'", rows=max(lengths) if lengths else 1, ignored=ignored)
   columns = {name: _to_array(model, name, values, where="'inputs'", batched=True) for name, values in inputs.items()}
   sizes = {len(v) for v in columns.values()}
   if len(sizes) != 1:
@@ -136,26 +154,66 @@ def predict(model: SessionModel, body: Any) -> dict[str, Any]:
   return {"outputs": {name: _jsonable(value) for name, value in model.run(columns).items()}}
 
 
+def _which_instance(model: SessionModel, columns: dict[str, np.ndarray], error: PredictError) -> PredictError:
+  """The graph refused a batch (bytes that are not an image, a file that is not there): the first instance it
+  refuses alone, and the image feature whose bytes do not decode, so the message names both. Runs only after a
+  failure, one instance at a time."""
+  rows = len(next(iter(columns.values())))
+  for i in range(rows):
+    one = {name: value[i:i + 1] for name, value in columns.items()}
+    try:
+      if rows > 1:
+        model.run(one)
+        continue
+    except PredictError as e:
+      error = e
+    for name in sorted(model.columns.images):
+      reason = _undecodable(one[name][0])
+      if reason:
+        return PredictError(f"instance {i}: feature {model.columns.describe(name)} holds image bytes TensorFlow "
+                            f"cannot decode ({reason})")
+    return PredictError(f"instance {i}: {str(error).replace(' for these instances', '', 1)}")
+  return error
+
+
+def _undecodable(data: bytes) -> str | None:
+  """Why TensorFlow's image decoder refuses `data` (as the serving graph decodes it), or None."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  try:
+    tf.io.decode_image(data, expand_animations=False)
+  except (tf.errors.InvalidArgumentError, ValueError) as e:
+    return str(getattr(e, "message", e)).strip().splitlines()[0]
+  return None
+
+
 def _takes(model: SessionModel) -> str:
   return ", ".join(model.columns.describe(name, quoted=False) for name in sorted(model.inputs))
 
 
-def _as_inputs(model: SessionModel, given: dict, *, where: str, rows: int | None = None) -> dict:
+def _as_inputs(model: SessionModel, given: dict, *, where: str, rows: int | None = None,
+               ignored: set[str] | None = None) -> dict:
   """A row (or, with `rows`, the column form) as training read it: keyed by input name or by the data's own
-  column name, the label column dropped, a missing, null or empty value given the schema's default. Refuses what
-  training would: a missing value the schema gives no default, a name the model does not take."""
+  column name, the label column dropped, a field that is not an input ignored (unless it looks like a misspelling
+  of an input the row lacks), a missing, null or empty value given the schema's default. Refuses what training
+  would: a missing value the schema gives no default."""
   columns = model.columns
   out: dict = {}
+  unknown = []
   for key, value in given.items():
     name = key if key in model.inputs else columns.input_of.get(key)
     if name is None:
-      if key == columns.label:
-        continue  # a training row copied with its label
-      raise PredictError(f"{where}: {key!r} is not an input of the model (it takes: {_takes(model)})")
+      if key != columns.label:  # a training row copied with its label is not news
+        unknown.append(key)
+      continue
     if name in out:
       raise PredictError(f"{where}: feature {name!r} is given twice (as {name!r} and as its column "
                          f"{columns.column_of[name]!r})")
     out[name] = value
+  if unknown:
+    _refuse_misspelling(model, unknown, [name for name in model.inputs if name not in out], where=where)
+    if ignored is not None:
+      ignored.update(unknown)
   for name in sorted(model.inputs):
     value = out.get(name)
     if rows is not None and value is not None:
@@ -193,7 +251,24 @@ def _filled(model: SessionModel, name: str, value: Any, *, where: str) -> Any:
   return value
 
 
-def _columns_from_rows(model: SessionModel, instances: list) -> dict[str, np.ndarray]:
+def _refuse_misspelling(model: SessionModel, unknown: list[str], lacking: list[str], *, where: str) -> None:
+  """An unknown field close to the name of an input the row lacks ('tenure' for 'tenure_months', 'Region' for
+  'region') is most likely that input misspelled: refused, where ignoring it would fill the input's default."""
+  spellings = {}
+  for name in lacking:
+    for spelling in (name, model.columns.column_of.get(name) or name):
+      spellings[spelling.lower()] = name
+  for key in unknown:
+    close = difflib.get_close_matches(key.lower(), list(spellings), n=1, cutoff=0.6)
+    if close:
+      meant = spellings[close[0]]
+      raise PredictError(f"{where}: {key!r} is not an input of the model; did you mean "
+                         f"{model.columns.describe(meant)}, which this instance lacks? (the model takes: "
+                         f"{_takes(model)})")
+
+
+def _columns_from_rows(model: SessionModel, instances: list, ignored: set[str] | None = None
+                       ) -> dict[str, np.ndarray]:
   single = next(iter(model.inputs)) if len(model.inputs) == 1 else None
   values: dict[str, list] = {name: [] for name in model.inputs}
   for i, row in enumerate(instances):
@@ -201,7 +276,7 @@ def _columns_from_rows(model: SessionModel, instances: list) -> dict[str, np.nda
       if single is None:
         raise PredictError(f"instance {i}: expected an object of feature -> value, got {json.dumps(row)[:80]}")
       row = {single: row}  # TF Serving takes bare values when the signature has one input
-    row = _as_inputs(model, row, where=f"instance {i}")
+    row = _as_inputs(model, row, where=f"instance {i}", ignored=ignored)
     for name, value in row.items():
       values[name].append(_to_array(model, name, value, where=f"instance {i}", batched=False))
   return {name: np.stack(column) for name, column in values.items()}
@@ -213,6 +288,8 @@ def _to_array(model: SessionModel, name: str, value: Any, *, where: str, batched
   expected = None if shape is None else shape[0 if batched else 1:]
   if dtype.name == "string":
     array = np.asarray(_strings(value, where=where, name=name), dtype=object)
+    if name in model.columns.images:
+      _check_images(model, name, value, array, where=where)
   else:
     if not _all_numbers(value):
       raise PredictError(f"{where}: feature {name!r} must be a number{'s' if batched else ''} "
@@ -240,6 +317,17 @@ def _strings(value: Any, *, where: str, name: str):
   if isinstance(value, str):
     return value.encode()
   raise PredictError(f"{where}: feature {name!r} must be a string (or {{\"b64\": ...}}), got {json.dumps(value)[:80]}")
+
+
+def _check_images(model: SessionModel, name: str, given: Any, array: np.ndarray, *, where: str) -> None:
+  """Image bytes start as a PNG, JPEG, GIF or BMP file does (the trainer's own check, trainer/feature_kinds.py);
+  anything else is refused naming the instance and the feature, and what it held."""
+  for data, sent in zip(array.ravel(), given if isinstance(given, list) else [given]):
+    if not data.startswith(IMAGE_MAGIC):
+      held = (f"its 'b64' holds {len(data)} bytes starting {data[:8]!r}" if isinstance(sent, dict) else
+              f"got the text {str(sent)[:40]!r}; image bytes travel as {{\"b64\": ...}}")
+      raise PredictError(f"{where}: feature {model.columns.describe(name)} is not a PNG, JPEG, GIF or BMP image "
+                         f"({held})")
 
 
 def _all_numbers(value: Any) -> bool:
@@ -272,15 +360,24 @@ def main(argv: list[str] | None = None) -> int:
     except json.JSONDecodeError as e:
       raise PredictError(f"--request: not valid JSON ({e.msg} at line {e.lineno})") from None
     model = load(args.model_dir, args.signature)
+    ignored: set[str] = set()
     try:
-      response = predict(model, body)
+      response = predict(model, body, ignored=ignored)
     finally:
       model.close()
   except PredictError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  if ignored:
+    print(f"note: {ignored_note(ignored)}", file=sys.stderr)
   print(json.dumps(response))
   return 0
+
+
+def ignored_note(names: set[str]) -> str:
+  """How every caller words the fields it ignored (one rule, one sentence)."""
+  listed = ", ".join(repr(n) for n in sorted(names))
+  return f"ignored {listed}: not {'an input' if len(names) == 1 else 'inputs'} of the model"
 
 
 def _read(path: str) -> str:

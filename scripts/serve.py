@@ -9,8 +9,9 @@ AIP_DEPLOYED_MODEL_ID, "local" here), the model from AIP_STORAGE_URI (or --model
 Vertex's: `{"instances": [...], "parameters": {...}}` -> `{"predictions": [...], "deployedModelId": "..."}` (the
 column form `{"inputs": ...}` too, as TF Serving takes it); a request the model cannot answer is 400 with Google's
 error shape `{"error": {"code": 400, "message": ..., "status": "INVALID_ARGUMENT"}}`. Rows are read as training
-read them (scripts/predict.py): the data's own column names, the label column ignored, a missing or null value
-given the schema's default. Each request runs in its own thread on the one session (TF sessions are thread-safe).
+read them (scripts/predict.py): the data's own column names, the label column and any other field that is not an
+input ignored (each such field named once on standard error), a missing or null value given the schema's default.
+Each request runs in its own thread on the one session (TF sessions are thread-safe).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ def routes(env: dict[str, str]) -> tuple[str, str]:
 
 def make_server(model: predict.SessionModel, *, host: str, port: int, health_route: str, predict_route: str,
                 deployed_model_id: str) -> http.server.ThreadingHTTPServer:
+  noted: set[str] = set()  # fields that are not inputs, already named on standard error
+  noted_lock = threading.Lock()
+
   class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: a client's requests reuse one connection, as Vertex's do
     # Headers and body leave in two writes; with Nagle's algorithm the body waits for the client's delayed ACK
@@ -87,12 +91,19 @@ def make_server(model: predict.SessionModel, *, host: str, port: int, health_rou
         return self._error(400, f"the request body is not JSON ({e})")
       if isinstance(request, dict):
         request = {k: v for k, v in request.items() if k != "parameters"}  # Vertex passes them; this model has none
+      ignored: set[str] = set()
       try:
-        response = predict.predict(model, request)
+        response = predict.predict(model, request, ignored=ignored)
       except predict.PredictError as e:
         return self._error(400, str(e))
       except Exception as e:  # pylint: disable=broad-except  (the server stays up; the client sees why)
         return self._error(500, f"{type(e).__name__}: {e}")
+      with noted_lock:  # once per field name: a note per request would drown the log at 1,000 requests a second
+        new = ignored - noted
+        noted.update(new)
+      if new:
+        print(f"note: {predict.ignored_note(new)} (first seen in a request to {predict_route}; ignored from now "
+              "on without a note)", file=sys.stderr, flush=True)
       return self._reply(200, {**response, "deployedModelId": deployed_model_id})
 
   class Server(http.server.ThreadingHTTPServer):

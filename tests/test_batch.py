@@ -162,3 +162,128 @@ def test_a_batch_prediction_job_is_sent_as_the_api_takes_it(capsys):
   assert job.instance_config.instance_type == "object"
   assert job.dedicated_resources.machine_spec.machine_type == "n1-standard-8"
   assert job.dedicated_resources.starting_replica_count == 2
+
+
+def _with_ids(rows):
+  """The held-out iris rows as a raw export has them: a unique name first (commas and quotes, as names have them),
+  the label still there."""
+  frame = rows.copy()
+  frame.insert(0, "Name", [f'Iris #{i}, "plot {i % 3}"' for i in range(len(frame))])
+  return frame
+
+
+def _run(capsys, args):
+  """`scripts.batch_predict` ARGS in this process: exit code, the summary (or None), its `error:` and `warning:`
+  lines, the output folder's results and errors."""
+  code = batch_predict.main(args)
+  captured = capsys.readouterr()
+  summary = json.loads(captured.out) if captured.out.strip() else None
+  outputs = _outputs(summary["output_dir"]) if summary else ([], [])
+  said = "\n".join(line for line in captured.err.splitlines() if line.startswith(("error:", "warning:")))
+  return code, summary, said, outputs
+
+
+def test_instances_with_an_id_column_are_predicted_and_keyed(iris_model, tmp_path, capsys):
+  """A raw export with a name column (the issue's 0 of 80): the name is ignored by default and echoed with the
+  instance; --key_field carries it as `key`; --excluded_fields and --included_fields choose what is sent."""
+  model_dir, rows = iris_model
+  frame = _with_ids(rows)
+  expected = _expected(model_dir, rows.to_dict("records"))
+  frame.to_json(tmp_path / "new.jsonl", orient="records", lines=True)
+  frame.to_csv(tmp_path / "new.csv", index=False)
+  common = [f"--model_dir={model_dir}", f"--output_dir={tmp_path}/out", "--batch_size=8"]
+  for kind in ("jsonl", "csv"):
+    code, summary, err, (results, errors) = _run(capsys, ["local", f"--input={tmp_path}/new.{kind}", *common])
+    assert code == 0 and not err and not errors, err
+    assert summary["predictions"] == len(frame) and summary["ignored_fields"] == ["Name"]
+    assert [r["prediction"] for r in results] == expected
+    assert [r["instance"]["Name"] for r in results] == list(frame["Name"])  # echoed as it came
+    code, summary, err, (results, errors) = _run(capsys, ["local", f"--input={tmp_path}/new.{kind}",
+                                                          "--key_field=Name", *common])
+    assert code == 0 and not err and "ignored_fields" not in summary, err
+    assert results == [{"key": name, "prediction": p} for name, p in zip(frame["Name"], expected)]
+  code, summary, err, (results, _) = _run(capsys, ["local", f"--input={tmp_path}/new.jsonl",
+                                                   "--excluded_fields=Name,species", *common])
+  assert code == 0 and "ignored_fields" not in summary and [r["prediction"] for r in results] == expected
+  assert results[0]["instance"]["Name"] == frame["Name"][0]  # excluded fields stay in the output's instance
+  features = [c for c in rows.columns if c != "species"]
+  code, summary, err, (results, _) = _run(capsys, ["local", f"--input={tmp_path}/new.jsonl",
+                                                   f"--included_fields={','.join(features)}", *common])
+  assert code == 0 and [r["prediction"] for r in results] == expected
+  assert sorted(results[0]["instance"]) == sorted(features)  # the instance as it was sent
+
+
+def test_a_batch_that_predicts_nothing_exits_2_and_a_partial_one_says_how_many_failed(iris_model, tmp_path, capsys):
+  model_dir, rows = iris_model
+  frame = _with_ids(rows.iloc[:10])
+  frame.to_json(tmp_path / "new.jsonl", orient="records", lines=True)
+  common = [f"--model_dir={model_dir}", f"--output_dir={tmp_path}/out"]
+  # Every instance an error: one line, how many, the first reason and where; the errors file is written.
+  code, summary, err, (results, errors) = _run(capsys, ["local", f"--input={tmp_path}/new.jsonl",
+                                                        "--key_field=id", *common])
+  lines = err.splitlines()
+  assert code == 2 and len(lines) == 1 and not results and len(errors) == 10, err
+  assert re.match(r"^error: no prediction: all 10 instances failed; the first at new\.jsonl line 1: the instance "
+                  r"has no field 'id' \(--key_field\) \(every error in .*/prediction\.errors_stats-00000-of-00001\)$",
+                  lines[0]), lines[0]
+  assert summary["predictions"] == 0
+  # Some fail: exit 0, and standard error says how many. A misspelled column is refused, not defaulted.
+  records = frame.to_dict("records")
+  misspelled = {("petal width" if k == "petal width (cm)" else k): v for k, v in records[3].items()}
+  with open(tmp_path / "mixed.jsonl", "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records[:3] + [misspelled] + records[4:])
+  code, summary, err, (results, errors) = _run(capsys, ["local", f"--input={tmp_path}/mixed.jsonl", *common])
+  assert code == 0 and (summary["predictions"], summary["errors"]) == (9, 1)
+  assert re.match(r"^warning: 1 of 10 instances failed; the first at mixed\.jsonl line 4: 'petal width' is not an "
+                  r"input of the model; did you mean 'petal_width__cm_' \(column 'petal width \(cm\)'\), which this "
+                  r"instance lacks\?", err), err
+  assert errors[0]["instance"]["petal width"] == misspelled["petal width"]
+  # No instance at all is nothing predicted too.
+  (tmp_path / "empty.jsonl").write_text("\n")
+  code, _, err, _ = _run(capsys, ["local", f"--input={tmp_path}/empty.jsonl", *common])
+  assert code == 2 and re.match(r"^error: --input=.*empty\.jsonl: its 1 file\(s\) hold no instance", err), err
+
+
+def test_instance_config_flags_are_checked_as_vertex_checks_them(iris_model, tmp_path, capsys):
+  model_dir, _ = iris_model
+  (tmp_path / "new.jsonl").write_text("{}\n")
+  (tmp_path / "new.csv").write_text("a\n1\n")
+  local = ["local", f"--model_dir={model_dir}", f"--output_dir={tmp_path}/o"]
+  cases = [([*local, f"--input={tmp_path}/new.jsonl", "--included_fields=a", "--excluded_fields=b"],
+            r"^error: --included_fields=a and --excluded_fields=b: Vertex takes one or the other"),
+           ([*local, f"--input={tmp_path}/new.csv", "--excluded_fields=Name"],
+            r"^error: --excluded_fields=Name: Vertex applies it to JSONL objects \(and TFRecord\), not to CSV"),
+           ([*local, f"--input={tmp_path}/new.jsonl", "--instance_type=array"],
+            r"^error: --instance_type=array: needs --included_fields"),
+           ([*local, f"--input={tmp_path}/new.jsonl", "--instance_type=array", "--included_fields=a,b"],
+            r"^error: --instance_type=array: each instance would reach the model as a list of values, and its "
+            r"signature takes 4 inputs by name"),
+           ([*local, f"--input={tmp_path}/new.jsonl", "--excluded_fields=a,,b"],
+            r"^error: --excluded_fields=a,,b: an empty field name"),
+           (["submit", "--model=projects/p/locations/l/models/1", "--input=gs://b/x.csv", "--output_dir=gs://b/o",
+             "--project=p", "--included_fields=a"], r"^error: --included_fields=a: Vertex applies it to JSONL")]
+  for args, message in cases:
+    assert batch_predict.main(args) == 2, args
+    captured = capsys.readouterr()
+    assert re.search(message, captured.err) and len(captured.err.strip().splitlines()) == 1, captured.err
+    assert not os.path.exists(f"{tmp_path}/o")
+
+
+def test_the_job_carries_the_instance_config(capsys):
+  """keyField, excludedFields, includedFields and instanceType as the API takes them (parsed into aiplatform_v1)."""
+  base = ["submit", "--model=projects/p/locations/l/models/42", "--input=gs://b/new/*.jsonl",
+          "--output_dir=gs://b/predictions", "--project=p", "--region=l"]
+  with fake_vertex.running() as fake:
+    assert batch_predict.main([*base, "--key_field=Name", "--excluded_fields=Ticket,Cabin",
+                               f"--api_endpoint={fake.endpoint}"]) == 0
+    assert batch_predict.main([*base, "--included_fields=x", "--instance_type=array", "--dry_run"]) == 0
+    (body,) = fake.created("batchPredictionJobs")
+  printed = json.loads(capsys.readouterr().out.split("\n", 1)[1])  # after the "submitted ..." line
+  configs = []
+  for job in (body, printed["batchPredictionJob"]):
+    parsed = aiplatform_v1.BatchPredictionJob()
+    json_format.ParseDict(job, parsed._pb)  # pylint: disable=protected-access
+    configs.append(parsed.instance_config)
+  assert (configs[0].instance_type, configs[0].key_field, list(configs[0].excluded_fields),
+          list(configs[0].included_fields)) == ("object", "Name", ["Ticket", "Cabin"], [])
+  assert (configs[1].instance_type, configs[1].key_field, list(configs[1].included_fields)) == ("array", "", ["x"])

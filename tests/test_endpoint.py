@@ -1,7 +1,9 @@
 """The local endpoint (python -m scripts.serve) over real HTTP, as Vertex talks to a serving container: health,
 predict with rows and columns, images as b64, training rows copied verbatim (nulls, the data's own column names,
-the label), bad instances, many concurrent clients, a gs:// model; and bad starts."""
+the label, an id field), bad instances and bad image bytes, many concurrent clients, a gs:// model; and bad
+starts."""
 
+import base64
 import concurrent.futures
 import contextlib
 import http.client
@@ -128,10 +130,24 @@ def test_the_endpoint_answers_as_vertex_does(digits_export):
                              {"instances": [verbatim[0], {**verbatim[1], "scanner": 3}]})
     assert status == 400 and response["error"]["status"] == "INVALID_ARGUMENT"
     assert re.match(r"^instance 1: feature 'scanner' must be a string", response["error"]["message"])
-    status, response = _call(port, "POST", started["predict"], {"instances": [{**verbatim[0], "age": 3}]})
-    assert status == 400 and re.match(r"^instance 0: 'age' is not an input of the model \(it takes: image, "
-                                      r"ink_level__a\.u\._ \(column 'ink level \(a\.u\.\)'\), scanner\)$",
-                                      response["error"]["message"])
+    # A field the model does not take (an id) is ignored, as the batch job ignores it; one that looks like a
+    # misspelled input the instance lacks is refused rather than answered with that input's default.
+    status, response = _call(port, "POST", started["predict"], {"instances": [{**verbatim[0], "id": "scan-0"}]})
+    assert status == 200 and response["predictions"] == expected[:1]
+    misspelled = {("scaner" if k == "scanner" else k): v for k, v in verbatim[2].items()}
+    status, response = _call(port, "POST", started["predict"], {"instances": [verbatim[0], misspelled]})
+    assert status == 400 and re.match(r"^instance 1: 'scaner' is not an input of the model; did you mean 'scanner', "
+                                      r"which this instance lacks\? \(the model takes: image, ink_level__a\.u\._ "
+                                      r"\(column 'ink level \(a\.u\.\)'\), scanner\)$", response["error"]["message"])
+    # Bad image bytes name the instance and the feature: not an image at all, and a PNG cut short.
+    png = base64.b64decode(verbatim[2]["image"]["b64"])
+    for image, message in ((b"GIF7 not an image", r"is not a PNG, JPEG, GIF or BMP image \(its 'b64' holds 17 bytes "
+                            r"starting b'GIF7 not'\)$"),
+                           (png[:40], r"holds image bytes TensorFlow cannot decode \(.+\)$")):
+      bad = {**verbatim[2], "image": {"b64": base64.b64encode(image).decode()}}
+      status, response = _call(port, "POST", started["predict"], {"instances": [verbatim[0], verbatim[1], bad]})
+      assert status == 400 and re.match(r"^instance 2: feature 'image' " + message, response["error"]["message"]), (
+          response)
     assert _call(port, "POST", started["predict"], "not an object")[0] == 400
     assert _call(port, "GET", "/nope")[0] == 404
 

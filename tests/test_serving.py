@@ -54,6 +54,11 @@ def test_predict_command_answers_rows_and_columns_like_vertex(churn_export, tmp_
   outputs = json.loads(out)["outputs"]
   assert outputs["class_id"] == [0, 1]
   assert outputs["probabilities"] == [p["probabilities"] for p in response["predictions"]]
+  # Fields the model does not take (an id, a name) are ignored, and named once on standard error.
+  rows = [{"customer_id": "C-1", **LOYAL}, {"customer_id": "C-2", "name": "Ada", **AT_RISK}]
+  code, out, err = _predict(monkeypatch, capsys, [f"--model_dir={churn_export}"], json.dumps({"instances": rows}))
+  assert code == 0 and json.loads(out) == response, err[-2000:]
+  assert "note: ignored 'customer_id', 'name': not inputs of the model" in err
 
 
 def test_predict_schemata_describe_what_the_signature_takes_and_returns(churn_export, tmp_path, monkeypatch, capsys):
@@ -139,7 +144,8 @@ def _bad_requests():
        r"^instance 0: feature 'support_calls' must be a number"),
       ("list_for_scalar", {"instances": [{**LOYAL, "tenure_months": [1.0, 2.0]}]},
        r"^instance 0: feature 'tenure_months' has shape \[2\]; the model takes \[\]$"),
-      ("unknown_feature", {"instances": [{**LOYAL, "age": 3}]}, r"^instance 0: 'age' is not an input of the model"),
+      ("misspelled_feature", {"instances": [LOYAL, {**no_region, "Regoin": "east"}]},
+       r"^instance 1: 'Regoin' is not an input of the model; did you mean 'region', which this instance lacks\?"),
       ("bad_b64", {"instances": [{**LOYAL, "plan": {"b64": "@@"}}]},
        r"^instance 0: feature 'plan' has a 'b64' value that is not base64$"),
       ("row_not_object", {"instances": [[1, 2, 3]]}, r"^instance 0: expected an object of feature -> value"),
