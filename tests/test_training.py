@@ -188,11 +188,11 @@ def test_an_error_out_of_the_input_pipeline_is_named_and_keeps_its_cause(churn_d
   with tf.io.TFRecordWriter(str(data / "train" / "part-0.tfrecord")) as writer:
     for i, record in enumerate(records[:600]):
       example = tf.train.Example.FromString(record)
-      if i == 500:  # past pre-flight's first record: found only when training reads it
+      if i == 500:  # past pre-flight's sample (--preflight_records=100): found only when training reads it
         del example.features.feature["support_calls"]
       writer.write(example.SerializeToString())
   job = make_job(str(data), tmp_path / "out", "--train_steps=20", "--shuffle_buffer=0", "--eval_steps=0",
-                 f"--train_data={data}/train/*.tfrecord")
+                 f"--train_data={data}/train/*.tfrecord", "--preflight_records=100")
   with pytest.raises(UserError, match=r"^--train_data: .*part-0.tfrecord record 501: feature 'support_calls' is "
                                       r"missing") as raised:
     training.train(job)

@@ -139,7 +139,7 @@ def _bad_inputs(tmp_path):
        r"but the schema says float$"),
       ("line_break_past_the_head", [f"--train_data={tmp_path}/late_break/*.csv", "--label=species",
                                     "--shuffle_buffer=0"], {},
-       r"^error: --train_data/--eval_data: a quoted CSV field holds a line break beyond the first 64 KiB of the "
+       r"^error: --train_data: a quoted CSV field holds a line break beyond the first 64 KiB of the "
        r"first file, .*: pass --csv_multiline to read them with CsvDataset"),
       ("label_not_a_column", [f"--train_data={good}/*.csv.gz", "--label=Species"], {},
        r"^error: --label='Species' is not a column of .*train.csv.gz \(columns: sepal length \(cm\), "),

@@ -80,6 +80,7 @@ class DataConfig:
   csv_columns: tuple[str, ...] | None = None
   csv_multiline: bool | None = None  # --csv_multiline; None: detected from each split's first file
   infer_sample_rows: int = 100_000
+  preflight_records: int = 2_000  # per split, checked in Python before training (`preflight.check_splits`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,6 +186,8 @@ def validate(config: Config) -> None:
                     "nor an import path 'package.module:function'")
   if config.data.infer_sample_rows < 1:
     raise UserError(f"--infer_sample_rows must be a positive integer, got {config.data.infer_sample_rows}")
+  if config.data.preflight_records < 1:
+    raise UserError(f"--preflight_records must be a positive integer, got {config.data.preflight_records}")
   if config.data.csv_columns is not None and (len(set(config.data.csv_columns)) != len(config.data.csv_columns)
                                               or not all(config.data.csv_columns)):
     raise UserError(f"--csv_columns must name every CSV column once, got {','.join(config.data.csv_columns)}")

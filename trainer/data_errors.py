@@ -19,6 +19,7 @@ from absl import logging
 from trainer import feature_kinds
 from trainer import features as features_lib
 from trainer import preflight
+from trainer.errors import DataError
 from trainer.errors import UserError
 from trainer.errors import first_line
 
@@ -45,31 +46,33 @@ def from_input_pipeline(error: BaseException) -> bool:
           and bool(_FROM_INPUT_PIPELINE.search(str(error))))
 
 
-def explain(error: BaseException, inputs: preflight.Inputs, *, budget_secs: float = BUDGET_SECS) -> UserError:
-  """One line for a data error: the bad record by file, record and column when a read in Python finds it within
-  `budget_secs`, else what TensorFlow said was wrong."""
+def explain(error: BaseException, inputs: preflight.Inputs, *, splits: tuple[str, ...] = ("train", "eval", "test"),
+            budget_secs: float = BUDGET_SECS) -> DataError:
+  """One line for a data error met reading `splits`: the bad record by flag, file, record and column when a read in
+  Python finds it within `budget_secs`, else what TensorFlow said was wrong, under the flags of those splits."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+  flags = "/".join(dict.fromkeys(inputs.flag(split) for split in splits))
   message = getattr(error, "message", None) or str(error)
+  found = preflight.find_bad_record(inputs, splits=splits, budget_secs=budget_secs)
+  if found is not None:
+    return DataError(found)
   if isinstance(error, (tf.errors.NotFoundError, tf.errors.PermissionDeniedError)):
     # Only a file a record names (an image or text by URI) is opened while the pipeline runs.
-    return UserError(f"--train_data/--eval_data: a file the data names by URI cannot be read: {_file_problem(message)}")
+    return DataError(f"{flags}: a file the data names by URI cannot be read: {_file_problem(message)}")
   detail = _detail(error, message)
   if detail.startswith(feature_kinds.URI_PROBLEM):
     # tf.debugging.Assert prints its message and data as "[text] [data]", quotes escaped.
     text = detail[len(feature_kinds.URI_PROBLEM):].replace("\\'", "'").replace(":] [", ": ").strip(" []")
-    return UserError(f"--train_data/--eval_data: {text}")
-  found = preflight.find_bad_record(inputs, budget_secs=budget_secs)
-  if found is not None:
-    return UserError(found)
+    return DataError(f"{flags}: {text}")
   if _QUOTED_LINE_BREAK in message or features_lib.CSV_LONG_ROW in message:
     # The line reader split a record that Python's csv reads whole (a split line's fields are miscounted).
-    return UserError("--train_data/--eval_data: a quoted CSV field holds a line break beyond the first 64 KiB of "
-                     "the first file, where pre-flight looks for one, so the files were read line by line: pass "
-                     "--csv_multiline to read them with CsvDataset, which follows quotes across lines")
-  return UserError(f"--train_data/--eval_data: a record does not fit the schema {inputs.schema_origin} or a "
-                   f"file is corrupted ({_detail(error, message)}); reading the files again in Python did not find "
-                   f"which within {budget_secs:.0f} s")
+    return DataError(f"{flags}: a quoted CSV field holds a line break beyond the first 64 KiB of the first file, "
+                     "where pre-flight looks for one, so the files were read line by line: pass --csv_multiline to "
+                     "read them with CsvDataset, which follows quotes across lines")
+  return DataError(f"{flags}: a record does not fit the schema {inputs.schema_origin} or a file is corrupted "
+                   f"({_detail(error, message)}); reading the files again in Python did not find which within "
+                   f"{budget_secs:.0f} s")
 
 
 def _file_problem(message: str) -> str:
@@ -102,8 +105,10 @@ def _detail(error: BaseException, message: str) -> str:
 
 
 @contextlib.contextmanager
-def translated(inputs: preflight.Inputs, *, budget_secs: float = BUDGET_SECS) -> Iterator[None]:
-  """Inside: an error out of the input pipeline becomes one `UserError` line (caused by the original)."""
+def translated(inputs: preflight.Inputs, *, splits: tuple[str, ...] = ("train", "eval", "test"),
+               budget_secs: float = BUDGET_SECS) -> Iterator[None]:
+  """Inside, where `splits` are read: an error out of the input pipeline becomes one `DataError` line (caused by
+  the original) naming the split's flag and file."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   try:
@@ -114,4 +119,4 @@ def translated(inputs: preflight.Inputs, *, budget_secs: float = BUDGET_SECS) ->
       raise
     logging.warning("The input pipeline failed; TensorFlow said: %s",
                     " | ".join(line.strip() for line in str(error).splitlines() if line.strip())[:2000])
-    raise explain(error, inputs, budget_secs=budget_secs) from error
+    raise explain(error, inputs, splits=splits, budget_secs=budget_secs) from error

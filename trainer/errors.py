@@ -14,6 +14,11 @@ class UserError(Exception):
   """
 
 
+class DataError(UserError):
+  """A bad record met while the input pipeline ran (after pre-flight): the runner keeps the checkpoints a run
+  wrote before it, since a rerun on fixed data resumes from them."""
+
+
 # Prefix of the messages of the data checks run in the graph (tf.debugging.Assert); `data_errors` reads the detail
 # after it. Here, the leaf module, so the feature kinds and the encoder can both raise such checks.
 DATA_CHECK_PREFIX = "trainer-data-check:"

@@ -46,7 +46,7 @@ def evaluate(job, model, objective: objective_lib.Objective, *, split: str = "ev
   def batch_sums(features, labels):
     return objective.batch_sums(labels, model(models.select_inputs(features, names), training=False))
 
-  with job.reading_data():
+  with job.reading_data(split):
     sums, batches = _eval_pass(job, objective, batch_sums, split=split)
   metrics = objective.finalize(sums.numpy())
   logging.info("%s over %d batches: %s", "Eval" if split == "eval" else "Test", batches, metrics)

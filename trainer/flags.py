@@ -66,6 +66,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                        "first 64 KiB of a split's first file has one.", **fv)
   _define_integer("infer_sample_rows", 100_000, "Records read to infer the schema (deterministic: the same "
                   "on every worker).", **fv)
+  _define_integer("preflight_records", 2_000, "Records of each split (train, eval, test) checked in plain Python "
+                  "before training, against the schema's types and the training classes, every image file a record "
+                  "names decoded-checked too: all of a split that holds at most this many, else an even sample of "
+                  "this many (a bad value past it is found when training reads it; the checkpoints are kept).", **fv)
   _define_integer("shuffle_buffer", 10_000, "Examples shuffled together: consecutive parsed batches holding at "
                   "least this many (and at least 2 batches) are pooled and their rows permuted; file order is "
                   "reshuffled every epoch (0: no shuffle).", **fv)
@@ -200,6 +204,7 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment, *,
           csv_columns=tuple(c.strip() for c in values.csv_columns) if values.csv_columns else None,
           csv_multiline=values.csv_multiline,
           infer_sample_rows=values.infer_sample_rows,
+          preflight_records=values.preflight_records,
       ),
       model=config_lib.ModelConfig(name=values.model, hidden_units=hidden_units, dropout=values.dropout),
       train=config_lib.TrainConfig(

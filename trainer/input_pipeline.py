@@ -504,6 +504,16 @@ def _jsonl_columns(lines, schema: schema_lib.Schema):
           f"{features_lib.CHECK_PREFIX} JSONL column {name!r} is missing, null or not a {kind}"])
       with tf.control_dependencies([check]):
         text = tf.identity(text)
+    elif kind != "class_list":
+      # The default stands in for a missing or null value only: a value of another kind ("fast" in a number
+      # column) is refused as CSV's decode refuses it, not read as missing. Only the lines without a value of
+      # the column's kind are matched again (the others are blanked: RE2 on an empty string is free).
+      unread = tf.where(present, "", lines)
+      wrong = tf.strings.regex_full_match(unread, r".*?" + _json_key_pattern(key_name) + r"[^n\s].*")
+      check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(wrong)), [
+          f"{features_lib.CHECK_PREFIX} JSONL column {name!r} holds a value that is not a {kind}"])
+      with tf.control_dependencies([check]):
+        text = tf.identity(text)
     if kind == "string":
       text = _unescape_json_strings(text)
       columns[name] = text if default is None else tf.where(present, text, default)

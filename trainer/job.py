@@ -58,12 +58,12 @@ class Job:
     """By class id (--class_weights), resolved by pre-flight."""
     return self.inputs.class_weights
 
-  def reading_data(self):
-    """Context for the code that pulls batches: an error out of the input pipeline becomes one line naming the
-    file, record and column (`data_errors`); any other error passes unchanged."""
+  def reading_data(self, split: str = "train"):
+    """Context for the code that pulls batches of `split`: an error out of the input pipeline becomes one line
+    naming the split's flag, the file, record and column (`data_errors`); any other error passes unchanged."""
     from trainer import data_errors  # pylint: disable=g-import-not-at-top
 
-    return data_errors.translated(self.inputs)
+    return data_errors.translated(self.inputs, splits=(split,))
 
   def peers_moved(self, next_wait: str) -> None:
     """The job moved past a wait on peers; `next_wait` names the next one (for the watchdog's message)."""

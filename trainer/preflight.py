@@ -1,9 +1,11 @@
 """Pre-flight: everything checked or counted from the data before any device or peer is touched.
 
 File patterns are expanded, each split's format and compression resolved (`formats`), the schema read or
-inferred (`schema_inference`), the first record of each split read in plain Python and checked against it,
+inferred (`schema_inference`), the records of every split (train, eval, test: all of a small split, a sample of
+--preflight_records of a large one) read in plain Python and checked against it, with the image files they name,
 records counted for --epochs; failures are one-line `UserError`s. When training does hit a bad record later,
-`find_bad_record` reads the files again in Python to name the file, record and column (for `data_errors`).
+`find_bad_record` reads the split's files again in Python to name the flag, file, record and column (for
+`data_errors`).
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ def count_records(files: list[str], source: formats.Source) -> int:
   return int(ds.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
 
 
+SPLIT_FLAGS = {"train": "--train_data", "eval": "--eval_data", "test": "--test_data"}
+
+
 @dataclasses.dataclass(frozen=True)
 class Inputs:
   """What pre-flight found: the schema (and where it came from), each split's files and how to read them."""
@@ -88,6 +93,11 @@ class Inputs:
   schema_origin: str = ""
   class_weights: tuple[float, ...] | None = None  # --class_weights by class id
   test_files: list[str] = dataclasses.field(default_factory=list)  # --test_data, evaluated once after training
+  # The flag that names each split's files, for messages (a split of Vertex's export is --train_data's).
+  flags: dict[str, str] = dataclasses.field(default_factory=lambda: dict(SPLIT_FLAGS))
+
+  def flag(self, split: str) -> str:
+    return self.flags.get(split, SPLIT_FLAGS[split])
 
   def files(self, split: str) -> list[str]:
     return {"train": self.train_files, "eval": self.eval_files, "test": self.test_files}[split]
@@ -135,6 +145,8 @@ def check_inputs(config: config_lib.Config) -> Inputs:
   for split, (flag, _) in splits.items():
     validate_schema_for_format(schema, sources[split], files[split], flag=flag)
     check_first_record(files[split][0], sources[split], schema, flag=flag)
+  for split, (flag, _) in splits.items():
+    check_split(files[split], sources[split], schema, flag=flag, budget=data_cfg.preflight_records)
   if config.model.name == "cnn" and not any(f.type == "image" for f in schema.features):
     raise UserError("--model=cnn needs an image feature in the schema (type 'image'); use --model=tabular")
   for split, (flag, _) in splits.items():
@@ -149,7 +161,8 @@ def check_inputs(config: config_lib.Config) -> Inputs:
                  ", ".join(f"{name}: {w:.4g}" for name, w in zip(schema.label.vocabulary or range(len(class_weights)),
                                                                  class_weights)))
   return Inputs(schema=schema, train_files=files["train"], eval_files=files.get("eval", []), sources=sources,
-                schema_origin=origin, class_weights=class_weights, test_files=files.get("test", []))
+                schema_origin=origin, class_weights=class_weights, test_files=files.get("test", []),
+                flags={split: flag for split, (flag, _) in splits.items()})
 
 
 def _split_by_ml_use(splits: dict[str, tuple[str, str]], files: dict[str, list[str]],
@@ -285,6 +298,97 @@ def check_first_record(path: str, source: formats.Source, schema: schema_lib.Sch
   raise UserError(f"{flag}: {path} holds no records")
 
 
+_FILE_READERS = 16  # image files named by records, read at once (each a request of its own on gs://)
+
+
+def check_split(files: list[str], source: formats.Source, schema: schema_lib.Schema, *, flag: str,
+                budget: int) -> None:
+  """Checks a split's records in plain Python before training, so a bad value in the eval or test data is refused
+  before hours of training rather than found after them: every record's values against the schema's types, its
+  label against the training classes, and every file a record names read (an image decode-checked,
+  `schema_inference.image_problem`). All records of a split of at most `budget` (--preflight_records), else an
+  even sample of `budget`: the same share from each file in order, or (images in class folders) files spread
+  over the folders. A failure is one line naming the flag, the file, the line or record, and the column."""
+  import time  # pylint: disable=g-import-not-at-top
+
+  started = time.monotonic()
+  checked, named = 0, []  # named: (path, where, column, uri) of each file a checked record names
+  uri_features = [f for f in schema.features if f.uri]
+  if source.format == "image_folder":
+    step = max(1.0, len(files) / budget)
+    chosen = [files[int(i * step)] for i in range(min(budget, len(files)))]
+    for path in chosen:
+      record = {formats.IMAGE_FOLDER_IMAGE: path, formats.IMAGE_FOLDER_LABEL: formats.folder_class(path)}
+      problem = record_problem(record, schema, source)
+      if problem:
+        raise UserError(f"{flag}: {path}: {problem}")
+      named.append((path, "", formats.IMAGE_FOLDER_IMAGE, path))
+    checked = len(chosen)
+  else:
+    share = max(1, -(-budget // len(files)))
+    for path in files:
+      if checked >= budget:
+        break
+      taken = 0
+      for where, record in formats.iter_records(path, source, flag=flag):
+        if taken >= share or checked >= budget:
+          break
+        problem = record_problem(record, schema, source)
+        if problem:
+          raise UserError(f"{flag}: {path} {where}: {problem}")
+        for feature in uri_features:
+          value = record.get(feature.name)
+          if isinstance(value, tuple):  # an Example's (kind, values)
+            value = value[1][0] if value[1] else None
+          if isinstance(value, bytes):
+            value = value.decode("utf-8", errors="replace")
+          if isinstance(value, str) and value.strip():
+            named.append((path, where, feature.name, value))
+        taken += 1
+        checked += 1
+  problem = _named_files_problem(named, schema, source, flag=flag)
+  if problem:
+    raise UserError(problem)
+  logging.info("%s: pre-flight checked %d record(s)%s in %.1f s (--preflight_records=%d per split)", flag, checked,
+               f" and {len(named)} file(s) they name" if named and source.format != "image_folder" else "",
+               time.monotonic() - started, budget)
+
+
+def _named_files_problem(named: list[tuple[str, str, str, str]], schema: schema_lib.Schema, source: formats.Source,
+                         *, flag: str) -> str | None:
+  """The first (in record order) of the files the records name that cannot be read, or (an image) decoded, as a
+  message line; None when all can. Read in parallel: on gs:// each file is a request."""
+  import concurrent.futures  # pylint: disable=g-import-not-at-top
+
+  if not named:
+    return None
+  with concurrent.futures.ThreadPoolExecutor(min(_FILE_READERS, len(named))) as pool:
+    problems = pool.map(lambda item: file_problem(item[3], schema.feature(item[2])), named)
+    for (path, where, column, uri), problem in zip(named, problems):
+      if problem:
+        if source.format == "image_folder":
+          return f"{flag}: {uri} {problem}"
+        return f"{flag}: {path} {where}: column {column!r} names {uri}, which {problem}"
+  return None
+
+
+def file_problem(uri: str, feature: schema_lib.Feature) -> str | None:
+  """Why the file a record names (an image or a text by URI, `/gcs/` read as gs://) cannot be used ("cannot be
+  read (...)", "is a JPEG cut short ..."), or None."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  path = schema_inference.gcs_uri(uri)
+  try:
+    with tf.io.gfile.GFile(path, "rb") as f:
+      data = f.read()
+  except tf.errors.OpError as e:
+    return f"cannot be read ({first_line(e)})"
+  if feature.type == "image":
+    problem = schema_inference.image_problem(data)
+    return f"is {problem}" if problem else None
+  return None
+
+
 def record_problem(record: dict[str, Any], schema: schema_lib.Schema, source: formats.Source) -> str | None:
   """Why `record` (as `formats.iter_records` yields it) does not fit the schema, or None."""
   if formats.BLANK_LINE in record:
@@ -367,8 +471,9 @@ def _value_problem(name, kind, value, feature, label, source) -> str | None:
       except ValueError:
         return f"column {name!r} holds a 'b64' value that is not base64"
     if feature.encoding in schema_lib.ENCODED_IMAGES:
-      if schema_inference.image_size(value) is None:
-        return f"{what} {name!r} is not a PNG, JPEG, GIF or BMP image (it starts {value[:8]!r})"
+      problem = schema_inference.image_problem(value)
+      if problem:
+        return f"{what} {name!r} is {problem}"
     else:
       size = feature.shape[0] * feature.shape[1] * feature.shape[2]
       if len(value) != size:
@@ -436,20 +541,36 @@ def total_steps(config: config_lib.Config, inputs: Inputs) -> int:
   return steps
 
 
-def find_bad_record(inputs: Inputs, *, budget_secs: float = 120.0) -> str | None:
-  """"FLAG: PATH line/record N: what is wrong" for the first record (of either split) that does not fit, or
-  None when none is found within `budget_secs` (this runs on the failure path only, to name it)."""
+def find_bad_record(inputs: Inputs, *, splits: tuple[str, ...] = ("train", "eval", "test"),
+                    budget_secs: float = 120.0) -> str | None:
+  """"FLAG: PATH line/record N: what is wrong" for the first record (of the `splits` being read when the input
+  pipeline failed) that does not fit, or names a file that cannot be read or decoded; None when none is found within
+  `budget_secs` (this runs on the failure path only, to name it)."""
   import time  # pylint: disable=g-import-not-at-top
 
   deadline = time.monotonic() + budget_secs
-  for flag, split, files in (("--train_data", "train", inputs.train_files),
-                             ("--eval_data", "eval", inputs.eval_files), ("--test_data", "test", inputs.test_files)):
-    for path in files:
+  uri_features = [f for f in inputs.schema.features if f.uri]
+  for split in splits:
+    flag, source = inputs.flag(split), inputs.sources.get(split)
+    if source is None:
+      continue
+    for path in inputs.files(split):
       try:
-        for where, record in formats.iter_records(path, inputs.sources[split], flag=flag):
-          problem = record_problem(record, inputs.schema, inputs.sources[split])
+        for where, record in formats.iter_records(path, source, flag=flag):
+          problem = record_problem(record, inputs.schema, source)
           if problem:
-            return f"{flag}: {path} {where}: {problem}"
+            return f"{flag}: {path}{'' if source.format == 'image_folder' else ' ' + where}: {problem}"
+          for feature in uri_features:
+            value = record.get(feature.name)
+            if isinstance(value, tuple):
+              value = value[1][0] if value[1] else None
+            if isinstance(value, bytes):
+              value = value.decode("utf-8", errors="replace")
+            problem = file_problem(value, feature) if isinstance(value, str) and value.strip() else None
+            if problem:
+              if source.format == "image_folder":
+                return f"{flag}: {value} {problem}"
+              return f"{flag}: {path} {where}: column {feature.name!r} names {value}, which {problem}"
           if time.monotonic() > deadline:
             return None
       except UserError as e:  # a corrupted or truncated file

@@ -39,6 +39,7 @@ from trainer import preflight
 from trainer import servers
 from trainer import storage
 from trainer import strategy as strategy_lib
+from trainer.errors import DataError
 from trainer.errors import UserError
 
 
@@ -85,7 +86,8 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
     return {}
 
   # Dirs this run creates are removed again if it fails on bad input found only now (a record deep in the
-  # data, a plug-in model, a checkpoint of another model): what is left must not look like a result.
+  # data, a plug-in model, a checkpoint of another model): what is left must not look like a result. A bad record
+  # met after the run saved checkpoints keeps them instead (`_kept_for_rerun`): a rerun on fixed data resumes.
   created = storage.new_dirs((config.output.tensorboard_dir, config.output.checkpoint_dir,
                                config.output.model_dir)) if role.is_chief else []
   with _peer_watchdog(plan, config) as watchdog, _claim_run_dir(plan, env, config):
@@ -161,6 +163,13 @@ def _build_and_train(config: config_lib.Config, env: config_lib.Environment, pla
   try:
     with _peers_may_vanish(plan, "training or evaluation"):
       result = training.train(job)  # data errors are named where the data is read (trainer/data_errors.py)
+  except DataError as error:
+    kept = _kept_for_rerun(config, error, is_chief=role.is_chief)
+    if kept is not None:
+      raise kept from error.__cause__
+    for directory in created:
+      storage.remove_tree(directory)
+    raise
   except UserError:
     for directory in created:
       storage.remove_tree(directory)
@@ -192,6 +201,17 @@ def _build_and_train(config: config_lib.Config, env: config_lib.Environment, pla
                      path=env.hp_metric_file or hypertune.DEFAULT_PATH)
   logging.info("Final metrics: %s", json.dumps(metrics, sort_keys=True))
   return metrics
+
+
+def _kept_for_rerun(config: config_lib.Config, error: DataError, *, is_chief: bool) -> DataError | None:
+  """A bad record found only while training or evaluating (past pre-flight's sample) after checkpoints were
+  written: they are kept, and the message says that a rerun on fixed data resumes from them (a run of hours is not
+  thrown away for one bad eval file). None when there is no checkpoint, and the run leaves nothing behind."""
+  step = checkpoints.latest_step(config.output.checkpoint_dir) if is_chief else None
+  if step is None:
+    return None
+  return DataError(f"{error}; the checkpoints in {config.output.checkpoint_dir} are kept (the latest at step {step}):"
+                   " fix the data and rerun the same command, which resumes from there")
 
 
 def _when_training_is_done(plan: plan_lib.Plan, config: config_lib.Config) -> plan_lib.Plan | None:

@@ -31,6 +31,7 @@ import collections
 import dataclasses
 import math
 import struct
+import zlib
 from typing import Any
 
 from trainer import config as config_lib
@@ -86,6 +87,7 @@ class _Column:
   where: str = ""  # the first record seen, for messages
   first_missing: str = ""  # the first record without a value
   first_text: tuple[str, str] | None = None  # (value, where) of the first text value
+  first_of_kind: dict = dataclasses.field(default_factory=dict)  # kind -> where it first appears, in sample order
 
   def add_numbers(self, values: list[float]) -> None:
     if len(self.sums) < len(values):
@@ -211,6 +213,29 @@ def _check_finite(column: _Column, values, where: str, *, flag: str) -> None:
 
 
 def _observe(column: _Column, value: Any, where: str, data_format: str, *, flag: str) -> None:
+  """Adds one value to what the column holds, and where each kind of value first appears (a message about a
+  column that mixes kinds names the record where the second kind starts, not the first record)."""
+  _observe_value(column, value, where, data_format, flag=flag)
+  if len(column.kinds) > len(column.first_of_kind):
+    for kind in column.kinds:
+      column.first_of_kind.setdefault(kind, where)
+
+
+def _mixed_at(column: _Column) -> str:
+  """Where the sample's second kind of value first appears in `column` ("X at PATH line N; Y from PATH line M")."""
+  firsts = list(column.first_of_kind.items())
+  if len(firsts) < 2:
+    return column.where
+  (kind, where), (other, other_where) = firsts[0], firsts[1]
+  return f"{_KIND_WORDS.get(kind, kind)} from {where}, {_KIND_WORDS.get(other, other)} first at {other_where}"
+
+
+_KIND_WORDS = {"number": "numbers", "text": "text", "text_list": "lists of class names", "image": "images",
+               "raw_bytes": "raw bytes", "float_list": "float_list", "int64_list": "int64_list",
+               "bytes_list_multi": "lists of bytes", "other": "other values"}
+
+
+def _observe_value(column: _Column, value: Any, where: str, data_format: str, *, flag: str) -> None:
   if not column.where:
     column.where = where
   if data_format == "tfrecord":
@@ -319,6 +344,82 @@ def image_size(data: bytes) -> tuple[int, int, int, str] | None:
   return None
 
 
+def image_problem(data: bytes) -> str | None:
+  """Why `data` would not decode as the PNG, JPEG, GIF or BMP image it claims to be, or None. Pure Python (pre-flight
+  runs no TensorFlow op): the header, and the structure a decoder fails on, e.g. a file cut short in a copy. A PNG is
+  checked whole (each chunk's CRC, the image data inflated to its full size); a JPEG needs its scan and its end
+  marker; a GIF its trailer; a BMP as many bytes as its header says. Damage inside a JPEG's compressed scan decodes
+  to wrong pixels in TensorFlow too, without an error, so it is not looked for."""
+  size = image_size(data)
+  if size is None:
+    return f"not a PNG, JPEG, GIF or BMP image (it starts {data[:8]!r})"
+  height, width, channels, encoding = size
+  if encoding == "png":
+    return _png_problem(data, height, width)
+  if encoding == "jpeg":
+    return _jpeg_problem(data)
+  if encoding == "gif":
+    return None  # giflib reads what a GIF holds; nothing cheap to check past the header
+  declared = struct.unpack("<I", data[2:6])[0]
+  if 0 < declared <= 1 << 31 and len(data) < declared:
+    return f"a BMP cut short ({len(data)} of the {declared} bytes its header says)"
+  return None
+
+
+def _jpeg_problem(data: bytes) -> str | None:
+  """A JPEG's segments up to its (first) scan, then an end-of-image marker after it (data may follow, as phones
+  write): a file cut short in its scan fails in TensorFlow's decoder ("Invalid JPEG data")."""
+  i = 2
+  while i + 4 <= len(data):
+    if data[i] != 0xFF:
+      return f"a damaged JPEG (no segment marker at byte {i})"
+    marker = data[i + 1]
+    if marker == 0xFF:  # fill byte
+      i += 1
+      continue
+    if marker == 0xDA:
+      if data.find(b"\xff\xd9", i) < 0:
+        return f"a JPEG cut short ({len(data)} bytes, no end-of-image marker): it does not decode"
+      return None
+    if marker == 0x01 or 0xD0 <= marker <= 0xD7:
+      i += 2
+      continue
+    i += 2 + struct.unpack(">H", data[i + 2:i + 4])[0]
+  return f"a JPEG cut short ({len(data)} bytes, it ends before its image data): it does not decode"
+
+
+def _png_problem(data: bytes, height: int, width: int) -> str | None:
+  position, compressed, ended = 8, [], False
+  while position + 8 <= len(data):
+    length = struct.unpack(">I", data[position:position + 4])[0]
+    kind = data[position + 4:position + 8]
+    body = data[position + 8:position + 8 + length]
+    crc = data[position + 8 + length:position + 12 + length]
+    if len(body) < length or len(crc) < 4:
+      break
+    if zlib.crc32(kind + body) != struct.unpack(">I", crc)[0]:
+      return f"a damaged PNG (the CRC of its {kind.decode('latin-1')!r} chunk does not match)"
+    if kind == b"IDAT":
+      compressed.append(body)
+    if kind == b"IEND":
+      ended = True
+      break
+    position += 12 + length
+  if not ended:
+    return f"a PNG cut short ({len(data)} bytes, no IEND chunk): it does not decode"
+  try:
+    pixels = zlib.decompress(b"".join(compressed))
+  except zlib.error as e:
+    return f"a damaged PNG (its image data does not inflate: {e})"
+  bit_depth, colour = data[24], data[25]
+  samples = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}.get(colour, 1)
+  interlaced = data[28] == 1
+  needed = height * (1 + -(-width * samples * bit_depth // 8))
+  if not interlaced and len(pixels) < needed:
+    return f"a damaged PNG ({len(pixels)} of the {needed} bytes of pixels it declares)"
+  return None
+
+
 def _feature(column: _Column, data_format: str, config: InferenceConfig, *, log, warn) -> dict[str, Any] | None:
   name, kinds = column.name, column.kinds
   if column.present == 0:
@@ -334,7 +435,7 @@ def _feature(column: _Column, data_format: str, config: InferenceConfig, *, log,
                         "schema.json")
       dominant = "text"  # numbers and words mixed in one column: categorical
     else:
-      raise UserError(f"column {name!r} mixes {', '.join(sorted(kinds))} values ({column.where}); write a "
+      raise UserError(f"column {name!r} mixes {', '.join(sorted(kinds))} values ({_mixed_at(column)}); write a "
                       "schema.json (python -m trainer.schema_inference) that says which it is")
   if dominant in ("number", "float_list", "int64_list"):
     return _numeric_feature(column, data_format, log=log)
@@ -451,6 +552,11 @@ def _text_uri_feature(column: _Column, config: InferenceConfig, *, log) -> dict[
   return {**feature, "uri": True}
 
 
+def gcs_uri(uri: str) -> str:
+  """A `/gcs/` path (Vertex's Cloud Storage FUSE mount, as its exports name files) as the gs:// URI it mounts."""
+  return _gs(uri)
+
+
 def _gs(uri: str) -> str:
   return "gs://" + uri[len("/gcs/"):] if uri.startswith("/gcs/") else uri
 
@@ -520,14 +626,14 @@ def _label(column: _Column, data_format: str, task: str, *, flag: str, log) -> d
       raise UserError(f"--task=regression: label {name!r} holds text (e.g. {column.strings.most_common(1)[0][0]!r})")
     classes = sorted(column.strings)
     if column.kinds["number"]:
-      raise UserError(f"{flag}: label {name!r} mixes numbers and text ({column.where}); use one kind of value")
+      raise UserError(f"{flag}: label {name!r} mixes numbers and text ({_mixed_at(column)}); use one kind of value")
     if len(classes) < 2:
       raise UserError(f"{flag}: label {name!r} has a single value {classes[0]!r} in the sample; a classifier "
                       "needs 2 or more classes")
     log(f"schema inference: label {name!r}: classification over {len(classes)} class names")
     return {"name": name, "type": "string", "vocabulary": classes}
   if not column.kinds["number"] or len(column.lengths) != 1 or next(iter(column.lengths)) != 1:
-    raise UserError(f"{flag}: label {name!r} must be one number or one string per record ({column.where})")
+    raise UserError(f"{flag}: label {name!r} must be one number or one string per record ({_mixed_at(column)})")
   minimum, maximum, distinct = _label_range(column)
   whole = column.integral and minimum >= 0
   if task == "auto":

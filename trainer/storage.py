@@ -137,17 +137,25 @@ def read_json(path: str) -> Any:
 
 def new_dirs(directories) -> list[str]:
   """The outermost of each directory and its ancestors that does not exist yet: what a run that fails must remove
-  to leave the file system as it found it (`--output_dir` included, not only the subdirectories it holds)."""
+  to leave the file system (or bucket) as it found it (`--output_dir` and its parents included, not only the
+  subdirectories it holds)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   outermost = []
   for directory in directories:
     if tf.io.gfile.exists(directory):
       continue
-    if not is_remote(directory):  # local: the topmost missing ancestor (object stores have no empty folders)
+    if not is_remote(directory):  # local: the topmost missing ancestor
       directory = os.path.abspath(directory)
       while not os.path.exists(os.path.dirname(directory)):
         directory = os.path.dirname(directory)
+    else:
+      # gs://: TensorFlow's makedirs writes a 0-byte "folder/" object for every missing ancestor too; the
+      # topmost one that holds nothing yet is removed with the rest (`remove_tree` of it deletes those markers).
+      directory = directory.rstrip("/")
+      bucket_root = directory.split("://", 1)[0] + "://" + directory.split("://", 1)[1].split("/", 1)[0]
+      while directory.rsplit("/", 1)[0] != bucket_root and not tf.io.gfile.exists(directory.rsplit("/", 1)[0]):
+        directory = directory.rsplit("/", 1)[0]
     if directory not in outermost:
       outermost.append(directory)
   return outermost
