@@ -347,7 +347,7 @@ def check_accelerator(args: argparse.Namespace) -> list[str]:
   if args.accelerator_type:
     machine.update(acceleratorType=args.accelerator_type, acceleratorCount=args.accelerator_count or 1)
     where += f" --accelerator_type={args.accelerator_type} --accelerator_count={args.accelerator_count or 1}"
-  warning = vertex_config._check_accelerator(machine, where)  # pylint: disable=protected-access
+  warning = vertex_config.check_machine(machine, where)
   return [warning] if warning else []
 
 

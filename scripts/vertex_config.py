@@ -244,7 +244,7 @@ def _validate_job_spec(spec: dict, path: str, *, prefix: str, today: datetime.da
     machine = pool.get("machineSpec", {})
     if not machine.get("machineType"):
       raise ConfigError(f"{path}: {where}.machineSpec.machineType is required")
-    warning = _check_accelerator(machine, f"{path}: {where}.machineSpec")
+    warning = check_machine(machine, f"{path}: {where}.machineSpec")
     if warning and warning not in warnings:
       warnings.append(warning)
     package = pool.get("pythonPackageSpec")
@@ -372,7 +372,7 @@ def _trainer_args(pool: dict) -> list[str]:
   return list((trainer_spec(pool) or {}).get("args", []))
 
 
-def _check_accelerator(machine: dict, where: str) -> str | None:
+def check_machine(machine: dict, where: str) -> str | None:
   """Raises ConfigError for a machine/accelerator pair Vertex surely refuses; returns a warning for a machine
   family this table does not know (Vertex decides). The accelerator's name was checked before."""
   kind = machine.get("acceleratorType")
