@@ -49,7 +49,6 @@ from kfp import dsl
 
 from scripts import artifact_registry
 from scripts import clients
-from scripts import cloud_build
 from scripts import gcp_context
 from scripts import registry
 from scripts import submit as submit_lib
@@ -598,7 +597,6 @@ def _main(args) -> int:
   found = gcp_context.project(args.project)
   args.project = found.value if found else None
   args.region = gcp_context.region(args.region).value
-  args.api_endpoint = getattr(args, "api_endpoint", None)
   if not args.bucket:
     raise PipelineError("--bucket is required (or set BUCKET): package, data and outputs live there")
   args.bucket = vertex_config.bucket_name(args.bucket)
@@ -648,9 +646,9 @@ def _main(args) -> int:
     if pending.job_spec["workerPoolSpecs"][0].get("containerSpec"):
       # The training step (and every trial) runs the trainer image holding this sdist and the extra packages,
       # named by that source as scripts.submit names it: submit and schedule reuse or build it first.
-      args.trainer_image, args.build_image = values.get("TRAINER_IMAGE"), False
-      image = submit_lib.plan_trainer_image(argparse.Namespace(**{**vars(args), "project": values["PROJECT"]}),
-                                            archive, [a for a, _ in extras])
+      image = submit_lib.plan_trainer_image(trainer_image=values.get("TRAINER_IMAGE"), build_image=False,
+                                            project=values["PROJECT"], region=args.region, archive=archive,
+                                            extras=[a for a, _ in extras])
       values = {**values, "TRAINER_IMAGE": image.target}
     config = load_config(args.config, {**values, "PACKAGE_URI": uri})
     submit_lib.add_package_uris(config.body, [u for _, u in extras])  # compiled into the training step
@@ -703,11 +701,10 @@ def _main(args) -> int:
       print(json.dumps(request, indent=2))
       return 0
     if image and image.build:
-      context = cloud_build.build_context(archive, scratch, extras=tuple(a for a, _ in extras))
-      context_uri = f"gs://{args.bucket}/staging/{os.path.basename(context)}"
-      build = cloud_build.build_request(project=args.project, region=args.region, image=image.target,
-                                        context_uri=context_uri)
-      built = submit_lib._existing_or_built(args, image, build, context, context_uri)  # pylint: disable=protected-access
+      context, context_uri, build = submit_lib.trainer_image_build(
+          image, archive, [a for a, _ in extras], project=args.project, region=args.region, bucket=args.bucket,
+          scratch=scratch)
+      built = submit_lib.existing_or_built(image, build, context, context_uri, api_endpoint=args.api_endpoint)
       if built != image.target:  # the run names exactly that image, by digest: compiled again with it
         config = load_config(args.config, {**values, "TRAINER_IMAGE": built, "PACKAGE_URI": uri})
         if args.tuning_config:

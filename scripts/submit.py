@@ -333,16 +333,25 @@ class TrainerImage:
   reuse_if_tagged: bool  # look the target's tag up first and run what it names, by digest, when it exists
 
 
-def plan_trainer_image(args, archive: str, extras: list[str]) -> TrainerImage:
+def plan_trainer_image(*, trainer_image: str | None, build_image: bool, project: str, region: str, archive: str,
+                       extras: list[str]) -> TrainerImage:
   """--trainer_image as it is; else the Dockerfile's image tagged by the source it is built from, reused when
   Artifact Registry has that tag (the same sdist, extra packages, Dockerfile and TF), built otherwise."""
-  if args.trainer_image and not args.build_image:
-    return TrainerImage(args.trainer_image, build=False, reuse_if_tagged=False)
-  if args.trainer_image:
-    return TrainerImage(args.trainer_image, build=True, reuse_if_tagged=False)
+  if trainer_image:
+    return TrainerImage(trainer_image, build=build_image, reuse_if_tagged=False)
   digest = cloud_build.source_digest(archive, extras=tuple(extras))
-  target = vertex_config.default_trainer_image(args.project, args.region, tag=f"src-{digest}")
-  return TrainerImage(target, build=True, reuse_if_tagged=not args.build_image)
+  target = vertex_config.default_trainer_image(project, region, tag=f"src-{digest}")
+  return TrainerImage(target, build=True, reuse_if_tagged=not build_image)
+
+
+def trainer_image_build(image: TrainerImage, archive: str, extras: list[str], *, project: str, region: str,
+                        bucket: str, scratch: str) -> tuple[str, str, dict]:
+  """The build context (the Dockerfile, the sdist, the extra packages), where it is staged, and the Cloud Build
+  request that builds `image` from it."""
+  context = cloud_build.build_context(archive, scratch, extras=tuple(extras))
+  context_uri = f"gs://{bucket}/staging/{os.path.basename(context)}"
+  return context, context_uri, cloud_build.build_request(project=project, region=region, image=image.target,
+                                                         context_uri=context_uri)
 
 
 def _submit(args) -> int:
@@ -415,13 +424,14 @@ def _submit(args) -> int:
       serving_build = cloud_build.build_request(project=args.project, region=args.region,
                                                 image=container["imageUri"], context_uri=serving_context_uri,
                                                 tf_version=registry.serving_tf_version(training_tf))
-    image = plan_trainer_image(args, archive, [a for a, _ in extras]) if containers else None
+    image = plan_trainer_image(trainer_image=args.trainer_image, build_image=args.build_image, project=args.project,
+                               region=args.region, archive=archive, extras=[a for a, _ in extras]) \
+        if containers else None
     context = context_uri = build_request = None
     if image and image.build:
-      context = cloud_build.build_context(archive, scratch, extras=tuple(a for a, _ in extras))
-      context_uri = f"gs://{args.bucket}/staging/{os.path.basename(context)}"
-      build_request = cloud_build.build_request(project=args.project, region=args.region, image=image.target,
-                                                context_uri=context_uri)
+      context, context_uri, build_request = trainer_image_build(
+          image, archive, [a for a, _ in extras], project=args.project, region=args.region, bucket=args.bucket,
+          scratch=scratch)
     if pending.kind == "hp_tuning" and not check_study(checked, args.config, packages=[a for a, _ in extras]):
       print("warning: the trials' --model is not importable here (pass its package with --extra_package): the "
             "study's parameters were checked against the trainer's own flags only", file=sys.stderr)
@@ -478,7 +488,7 @@ def _submit(args) -> int:
       print(f"warning: {warning}", file=sys.stderr)
     built = None
     if image and image.build:
-      built = _existing_or_built(args, image, build_request, context, context_uri)
+      built = existing_or_built(image, build_request, context, context_uri, api_endpoint=args.api_endpoint)
     contexts = [(c, u) for c, u in ((serving_context, serving_context_uri),) if c]
     staged = [(archive, uri), *extras] if not containers else []  # a container holds its packages
     for local, remote in [*staged, *contexts]:
@@ -520,12 +530,13 @@ def _check_image_name(image: str) -> None:
                       f"REGION-docker.pkg.dev/PROJECT/{artifact_registry.REPOSITORY}/trainer:TAG")
 
 
-def _existing_or_built(args, image: TrainerImage, build_request: dict, context: str, context_uri: str) -> str:
+def existing_or_built(image: TrainerImage, build_request: dict, context: str, context_uri: str, *,
+                      api_endpoint: str | None) -> str:
   """The trainer image by digest: the one Artifact Registry already holds under the target's tag (same source),
   else a new Cloud Build of it (its context staged first). The repository is made on first use."""
   name = artifact_registry.ImageName.parse(image.target)
   if name is not None:
-    registry_client = artifact_registry.client(args.api_endpoint)
+    registry_client = artifact_registry.client(api_endpoint)
     if artifact_registry.ensure_repository(registry_client, name):
       print(f"created the Artifact Registry repository {name.repository_name}", flush=True)
     if image.reuse_if_tagged:
@@ -535,7 +546,7 @@ def _existing_or_built(args, image: TrainerImage, build_request: dict, context: 
         return existing
   upload(context, context_uri)
   print(f"staged {os.path.basename(context)} -> {context_uri}", flush=True)
-  return _build(build_request, "--build_image", args.api_endpoint)
+  return _build(build_request, "--build_image", api_endpoint)
 
 
 def _build(request: dict, flag: str, api_endpoint: str | None) -> str:

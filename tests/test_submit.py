@@ -388,8 +388,7 @@ def test_extra_packages_are_built_into_the_trainer_image(gcs, capsys, tmp_path):
   assert "dist/extra/churn_models-0.1.0-py3-none-any.whl" in context  # the Dockerfile installs dist/extra/*
   for pool in _job(body).job_spec.worker_pool_specs:
     assert not pool.python_package_spec.package_uris and "@sha256:" in pool.container_spec.image_uri
-  plain = submit.TrainerImage  # the image's tag names its source: another package, another tag
-  del plain
+  # The image's tag names its source: another package, another tag.
   archive = submit.build_sdist(str(tmp_path / "dist"))
   wheel = submit.build_extra_package(project, str(tmp_path))
   from scripts import cloud_build  # pylint: disable=g-import-not-at-top
