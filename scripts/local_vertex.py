@@ -14,7 +14,8 @@ CLOUD_ML_JOB_ID; the pool's args and env. A pool's N accelerators become N logic
 Job semantics: the job succeeds when the chief succeeds (parameter servers and evaluators are then stopped, and a
 peer failing after that is reported, not fatal, as Vertex judges a job by its primary replica); a failing replica
 is restarted up to --restart_failed times (5, as Vertex restarts one), then fails the job with its last lines
-shown; a trainer's bad-input exit 2 fails it at once. --preempt=REPLICA@SECONDS sends a Spot preemption (SIGTERM, SIGKILL after
+shown; a trainer's bad-input exit 2 fails it at once. --preempt=REPLICA@SECONDS (or REPLICA@step=N, once the
+replica's progress reaches step N) sends a Spot preemption (SIGTERM, SIGKILL after
 --preempt_grace_secs, a restart; the whole job with scheduling.restartJobOnWorkerRestart), and the summary shows
 the step each preempted replica saved and the step it resumed at. Ctrl-C or --timeout_secs stops every child. Logs stream live, prefixed `workerpool1-0 |`,
 and are kept per replica under the job dir.
@@ -283,8 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "never restarted")
   parser.add_argument("--timeout_secs", type=float, default=1800, help="stop the job after this long (a study: "
                       "each trial)")
-  parser.add_argument("--preempt", action="append", default=[], metavar="REPLICA@SECONDS[,...]",
-                      help="preempt a replica (e.g. workerpool1-0@40) as Spot does: SIGTERM, SIGKILL after "
+  parser.add_argument("--preempt", action="append", default=[], metavar="REPLICA@SECONDS|REPLICA@step=N[,...]",
+                      help="preempt a replica as Spot does, at a second of the job (workerpool1-0@40) or once its "
+                      "progress lines reach a step (workerpool1-0@step=2000): SIGTERM, SIGKILL after "
                       "--preempt_grace_secs, then a restart (repeatable)")
   parser.add_argument("--preempt_grace_secs", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL")
   parser.add_argument("--base_port", type=int, default=None, help="first of the consecutive ports replicas use")

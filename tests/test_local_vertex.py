@@ -185,9 +185,12 @@ def test_bad_inputs_start_nothing(staged, tmp_path, capsys):
       (["--config=cloud_configs/single_cpu.yaml", "--restart_failed=-1"],
        r"^error: --restart_failed=-1: expected a count >= 0"),
       (["--config=cloud_configs/single_cpu.yaml", "--preempt=workerpool1-0@10"],
-       r"^error: --preempt='workerpool1-0@10': expected REPLICA@SECONDS with REPLICA one of workerpool0-0 and "),
+       r"^error: --preempt='workerpool1-0@10': expected REPLICA@SECONDS or REPLICA@step=N with REPLICA one of "
+       r"workerpool0-0, "),
+      (["--config=cloud_configs/single_cpu.yaml", "--preempt=workerpool0-0@step=0"],
+       r"^error: --preempt='workerpool0-0@step=0': .* and N >= 1$"),
       (["--config=cloud_configs/single_cpu.yaml", "--preempt=workerpool0-0@90", "--timeout_secs=60"],
-       r"^error: --preempt='workerpool0-0@90': .* 0 <= SECONDS < --timeout_secs=60$"),
+       r"^error: --preempt='workerpool0-0@90': .* 0 <= SECONDS < --timeout_secs=60 and N >= 1$"),
       (["--config=cloud_configs/single_cpu.yaml", "--preempt=workerpool0-0"],
        r"^error: --preempt='workerpool0-0': expected REPLICA@SECONDS"),
       (["--config=cloud_configs/single_cpu.yaml", "--preempt_grace_secs=-1"],
@@ -258,31 +261,33 @@ def test_timeout_stops_every_child(staged, tmp_path, capsys):
 def test_preemptions_in_a_row_lose_no_step(staged, gcs, tmp_path):
   """Spot preemptions of a multi-worker job, the worker's VM and then the chief's, with local_vertex's defaults:
   each replica saves on SIGTERM, its peer stops with it (one MultiWorkerMirrored job), both restart, and the job ends at exactly the
-  configured step with one complete export; the summary shows each saved step equal to the step resumed at."""
+  configured step with one complete export; the summary shows each saved step equal to the step resumed at.
+  Preempted by step, not by second, so that a loaded machine moves the preemptions, not the test's outcome."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   job_dir = str(tmp_path / "job")
   base = "gs://test-bucket/runs/preempted"
   result = subprocess.run(
       [sys.executable, "-m", "scripts.local_vertex", "--config=cloud_configs/multi_worker_gpu.yaml",
-       "--replica_count=1=1", "--run_id=preempted", "--preempt=workerpool1-0@45",
-       "--preempt=workerpool0-0@80", "--preempt_grace_secs=30", "--args=--train_steps=16000",
+       "--replica_count=1=1", "--run_id=preempted", "--preempt=workerpool1-0@step=1000",
+       "--preempt=workerpool0-0@step=2500", "--preempt_grace_secs=30", "--args=--train_steps=3500",
        "--args=--num_cpu_devices=1",
        "--args=--steps_per_loop=10", "--args=--checkpoint_every_steps=100000", "--args=--global_batch_size=32",
-       "--args=--eval_steps=4", "--bucket=test-bucket", f"--job_dir={job_dir}", "--quiet", "--timeout_secs=400"],
-      cwd=procs.REPO, env=procs.trainer_env(gcs.env), capture_output=True, text=True, timeout=450, check=False)
+       "--args=--eval_steps=4", "--bucket=test-bucket", f"--job_dir={job_dir}", "--quiet", "--timeout_secs=600"],
+      cwd=procs.REPO, env=procs.trainer_env(gcs.env), capture_output=True, text=True, timeout=650, check=False)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
   # Each preempted replica exits 143 by itself within the grace (never SIGKILLed), also when the trainer's exit
   # deadline ends it after the save (a MultiWorkerMirrored chief whose peer already stopped hangs in TensorFlow's
   # clean-up; see trainer/preemption.py). The peer that stopped with it restarts under the default
   # --restart_failed (5, as on Vertex): no flag is needed for the job to survive its preemptions.
-  lines = re.findall(r"^  (workerpool\d-0) @ (\d+) s: exit 143 after [\d.]+ s, saved step (\d+); resumed at step "
-                     r"(\d+)$", result.stdout, re.M)
-  assert [(name, at) for name, at, _, _ in lines] == [("workerpool1-0", "45"), ("workerpool0-0", "80")], \
+  lines = re.findall(r"^  (workerpool\d-0) @ step (\d+): exit 143 after [\d.]+ s, saved step (\d+); resumed at "
+                     r"step (\d+)$", result.stdout, re.M)
+  assert [(name, at) for name, at, _, _ in lines] == [("workerpool1-0", "1000"), ("workerpool0-0", "2500")], \
       result.stdout[-3000:]
   assert all(saved == resumed for _, _, saved, resumed in lines)  # 0 steps lost per preemption
+  assert 1000 <= int(lines[0][2]) < int(lines[1][2]) < 3500, lines  # each came where its step said
   with tf.io.gfile.GFile(f"{base}/model/eval_metrics.json") as f:
     metrics = json.load(f)
-  assert metrics["final_step"] == 16000 and metrics["resumed_from_step"] == int(lines[-1][3])
+  assert metrics["final_step"] == 3500 and metrics["resumed_from_step"] == int(lines[-1][3])
   assert not _children_of(job_dir)
 
 

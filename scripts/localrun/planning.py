@@ -36,6 +36,7 @@ class Replica:
   exit_code: int | None = None
   restarts: int = 0
   streamer: Any = None  # the thread copying its output to the log
+  last_step: int = 0  # the last `step N/M` progress line it printed (a preemption by step waits for it)
 
   @property
   def name(self) -> str:
@@ -138,12 +139,14 @@ def reserve_ports(count: int, base_port: int | None) -> list[int]:
 
 @dataclasses.dataclass
 class Preemption:
-  """`--preempt=REPLICA@SECONDS`: SIGTERM to that replica SECONDS after the job started, SIGKILL after the grace
-  if it still runs, then a restart as Vertex restarts a preempted VM (same name, host and port). What happened
-  is filled in as it happens, for the summary."""
+  """`--preempt=REPLICA@SECONDS` (SIGTERM to that replica SECONDS after the job started) or `REPLICA@step=N` (once
+  its progress lines reach step N: the same preemption wherever the machine's speed puts it), SIGKILL after the
+  grace if it still runs, then a restart as Vertex restarts a preempted VM (same name, host and port). What
+  happened is filled in as it happens, for the summary."""
 
   replica: str
-  at_secs: float
+  at_secs: float | None = None
+  at_step: int | None = None
   sent: float | None = None  # monotonic time of the SIGTERM
   exit_code: int | None = None
   exit_secs: float | None = None  # from the SIGTERM to the exit
@@ -155,19 +158,35 @@ class Preemption:
   def done(self) -> bool:
     return self.exit_code is not None
 
+  @property
+  def when(self) -> str:
+    return f"step {self.at_step}" if self.at_step is not None else f"{self.at_secs:g} s"
+
+  def is_due(self, *, secs_since_start: float, replica_step: int) -> bool:
+    if self.at_step is not None:
+      return replica_step >= self.at_step
+    return secs_since_start >= self.at_secs
+
 
 def parse_preemptions(values: list[str], replica_names: list[str], *, timeout_secs: float) -> list[Preemption]:
-  """`--preempt` values (each "REPLICA@SECONDS[,REPLICA@SECONDS...]"), checked against the job's replicas."""
+  """`--preempt` values (each "REPLICA@SECONDS" or "REPLICA@step=N", comma-separated), checked against the job's
+  replicas; in the order they fall due (by seconds first, then by step)."""
   preemptions = []
   for value in values:
     for item in filter(None, value.split(",")):
-      name, sep, seconds = item.partition("@")
-      try:
-        at = float(seconds)
-      except ValueError:
-        at = -1.0
-      if not sep or name not in replica_names or not 0 <= at < timeout_secs:
-        raise LocalRunError(f"--preempt={item!r}: expected REPLICA@SECONDS with REPLICA one of "
-                            f"{', '.join(replica_names)} and 0 <= SECONDS < --timeout_secs={timeout_secs:g}")
-      preemptions.append(Preemption(replica=name, at_secs=at))
-  return sorted(preemptions, key=lambda p: p.at_secs)
+      name, sep, when = item.partition("@")
+      at_secs = at_step = None
+      if when.startswith("step="):
+        at_step = int(when[5:]) if when[5:].isdigit() and int(when[5:]) > 0 else None
+        valid = at_step is not None
+      else:
+        try:
+          at_secs = float(when)
+        except ValueError:
+          at_secs = -1.0
+        valid = 0 <= at_secs < timeout_secs
+      if not sep or name not in replica_names or not valid:
+        raise LocalRunError(f"--preempt={item!r}: expected REPLICA@SECONDS or REPLICA@step=N with REPLICA one of "
+                            f"{', '.join(replica_names)}, 0 <= SECONDS < --timeout_secs={timeout_secs:g} and N >= 1")
+      preemptions.append(Preemption(replica=name, at_secs=at_secs, at_step=at_step))
+  return sorted(preemptions, key=lambda p: (p.at_secs is None, p.at_secs or 0, p.at_step or 0))

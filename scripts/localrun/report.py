@@ -13,9 +13,9 @@ from scripts.localrun.planning import Replica
 def preemption_line(p: Preemption, log_text: str) -> str:
   """One preemption: when, how the replica ended, the step it saved and the step its restart resumed at."""
   if p.sent is None:
-    return f"  {p.replica} @ {p.at_secs:g} s: not sent (the job, or the replica, had ended by then)"
+    return f"  {p.replica} @ {p.when}: not sent (the job, or the replica, had ended by then)"
   if not p.done:
-    return f"  {p.replica} @ {p.at_secs:g} s: SIGTERM sent; the job ended before the replica did"
+    return f"  {p.replica} @ {p.when}: SIGTERM sent; the job ended before the replica did"
   ended = "SIGKILLed after the grace" if p.killed else f"exit {p.exit_code} after {p.exit_secs:.1f} s"
   stop = log_text[p.log_offset:p.restart_offset]
   saved = re.findall(r"saved checkpoint \S+ at step (\d+)", stop)
@@ -24,7 +24,7 @@ def preemption_line(p: Preemption, log_text: str) -> str:
   saved_text = f"saved step {saved[-1]}" if saved else "saved nothing"
   resumed_text = (f"resumed at step {resumed[0]}" if resumed and resumed[0] else
                   "restart found training done" if resumed else "restart did not resume from a checkpoint")
-  return f"  {p.replica} @ {p.at_secs:g} s: {ended}, {saved_text}; {resumed_text}"
+  return f"  {p.replica} @ {p.when}: {ended}, {saved_text}; {resumed_text}"
 
 
 def summary(replicas: list[Replica], artifacts: list[str], preemptions: list[Preemption] = ()) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -37,12 +38,18 @@ class _Streamer(threading.Thread):
     with open(self.replica.log_path, "a") as log:
       for raw in self.replica.process.stdout:  # type: ignore[union-attr]
         line = _readable(raw.decode(errors="replace"))
+        progress = _PROGRESS.match(line)
+        if progress:
+          self.replica.last_step = int(progress.group(1))
         log.write(line)
         log.flush()
         if not self.quiet:
           with self.lock:
             sys.stdout.write(f"{self.replica.name} | {line}")
             sys.stdout.flush()
+
+
+_PROGRESS = re.compile(r"^I step (\d+)/\d+ ")  # the trainer's progress line, as _readable gives it
 
 
 def _readable(line: str) -> str:
@@ -65,6 +72,7 @@ def _start(replica: Replica, *, site: str, base_env: dict, quiet: bool, lock: th
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
   replica.started = time.monotonic()
   replica.ended = replica.exit_code = None
+  replica.last_step = 0  # until the restart prints its own progress
   replica.streamer = _Streamer(replica, quiet, lock)
   replica.streamer.start()
 
@@ -147,11 +155,13 @@ def supervise(replicas: list[Replica], *, site: str, base_env: dict, timeout_sec
     now = time.monotonic()
     for p in preemptions:
       replica = by_name[p.replica]
-      if p.sent is None and now - started >= p.at_secs and replica.exit_code is None:
+      if (p.sent is None and replica.exit_code is None
+          and p.is_due(secs_since_start=now - started, replica_step=replica.last_step)):
         if any(q.sent is not None and not q.done for q in preemptions if q.replica == p.replica):
           continue  # the previous preemption of this replica is still under way
         p.sent, p.log_offset = now, _log_size(replica)
-        say(f"{replica.name}: preempted at {now - started:.1f} s (SIGTERM; SIGKILL after {grace_secs:g} s)")
+        at_step = f", step {replica.last_step}" if p.at_step is not None else ""
+        say(f"{replica.name}: preempted at {now - started:.1f} s{at_step} (SIGTERM; SIGKILL after {grace_secs:g} s)")
         with contextlib.suppress(ProcessLookupError):
           os.kill(replica.process.pid, signal.SIGTERM)  # the trainer process, as Vertex signals the container
       elif p.sent is not None and not p.done and not p.killed and now - p.sent > grace_secs:
