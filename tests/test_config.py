@@ -82,7 +82,7 @@ PS = json.dumps({"cluster": {"chief": ["a:1"], "worker": ["b:1"], "ps": ["c:1"]}
 def test_plan_reports_replicas(parse):
   plan = _plan(parse, "--num_cpu_devices=2", "--global_batch_size=64", env={"TF_CONFIG": MULTI})
   assert plan.choice.class_name == "MultiWorkerMirroredStrategy"
-  assert plan_lib.replicas(plan) == 2  # on CPU each worker is one replica, logical devices or not
+  assert plan_lib.replicas(plan) == 4  # each worker's logical CPU devices count, as its GPUs would on Vertex
   assert plan_lib.replicas(_plan(parse, "--global_batch_size=64", env={"TF_CONFIG": MULTI}, num_gpus=4)) == 8
 
 

@@ -90,8 +90,8 @@ def _run(tmp_path, *args):
     # The trainer image's pools: the container's command (or the image's ENTRYPOINT) and args, no Docker.
     ("single_cpu.yaml", [], "default", 1),
     ("single_gpu.yaml", [], "default", 1),
-    # On CPU, MultiWorkerMirroredStrategy runs one replica per worker whatever the logical devices.
-    ("multi_worker_gpu.yaml", ["--replica_count=1=1"], "MultiWorkerMirroredStrategy", 2),
+    # Each worker's 2 "GPUs" are 2 logical CPU devices, each a replica, as on Vertex: 2 workers x 2.
+    ("multi_worker_gpu.yaml", ["--replica_count=1=1"], "MultiWorkerMirroredStrategy", 4),
     ("parameter_server.yaml", ["--replica_count=1=1"], "ParameterServerStrategy", 1),
 ])
 def test_local_run_end_to_end(staged, tmp_path, capsys, config, extra, strategy, replicas):

@@ -30,10 +30,11 @@ def saved_models(root):
 
 @pytest.mark.smoke
 def test_multi_worker_mirrored_chief_and_worker(churn_data, tmp_path):
+  """Two workers of 2 logical CPU devices each run 4 replicas, as two 2-GPU workers do on Vertex."""
   out = tmp_path / "out"
   chief, worker = procs.addresses(2)
   cluster = {"chief": [chief], "worker": [worker]}
-  args = args_for(churn_data, out, "--train_steps=100", "--checkpoint_every_steps=50")
+  args = args_for(churn_data, out, "--train_steps=100", "--checkpoint_every_steps=50", "--num_cpu_devices=2")
   with procs.cluster(str(tmp_path)) as c:
     c.start("chief", args, {"TF_CONFIG": procs.tf_config(cluster, "chief", 0)})
     c.start("worker", args, {"TF_CONFIG": procs.tf_config(cluster, "worker", 0)})
@@ -45,7 +46,7 @@ def test_multi_worker_mirrored_chief_and_worker(churn_data, tmp_path):
   assert saved_models(tmp_path) == [str(out / "model")]  # only the chief's export exists
   with open(out / "model" / "eval_metrics.json") as f:
     metrics = json.load(f)
-  assert metrics["num_replicas"] == 2 and metrics["final_step"] == 100
+  assert metrics["num_replicas"] == 4 and metrics["final_step"] == 100
   # 1000 eval examples in one shard: the workers split its records, 1000 = 15 * 64 + 40, every one counted once.
   assert metrics["eval_examples"] == 1000
   serving.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")

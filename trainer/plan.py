@@ -50,8 +50,8 @@ def replicas(plan: Plan) -> int:
   """Replicas that share one global batch step."""
   name = plan.choice.name
   if name == "multi_worker_mirrored":
-    # MultiWorkerMirroredStrategy uses each worker's GPUs, or one CPU device: logical CPUs do not count.
-    return plan.role.num_workers * max(1, plan.devices.num_gpus)
+    # Each worker's GPUs, or its logical CPU devices (strategy.py makes them count, as a worker's GPUs do).
+    return plan.role.num_workers * plan.devices.local_replicas
   if name in ("mirrored", "parameter_server"):
     return plan.devices.local_replicas
   return 1

@@ -132,9 +132,11 @@ def build_strategy(choice: StrategyChoice, role: cluster_lib.ClusterRole, device
     cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
     return tf.distribute.MirroredStrategy(devices=cpus)
   if choice.name == "multi_worker_mirrored":
-    return tf.distribute.MultiWorkerMirroredStrategy(
-        cluster_resolver=cluster_resolver(role) if role.cluster else None,
-        communication_options=communication_options(devices))
+    resolver = cluster_resolver(role) if role.cluster else None
+    if devices.num_cpu_devices > 1 and not devices.num_gpus:
+      return _logical_cpu_multi_worker_strategy(resolver, communication_options(devices), devices.num_cpu_devices)
+    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
+                                                    communication_options=communication_options(devices))
   if choice.name == "parameter_server":
     return tf.distribute.experimental.ParameterServerStrategy(cluster_resolver(role))
   if choice.name == "tpu":
@@ -144,6 +146,31 @@ def build_strategy(choice: StrategyChoice, role: cluster_lib.ClusterRole, device
     tf.tpu.experimental.initialize_tpu_system(resolver)
     return tf.distribute.TPUStrategy(resolver)
   raise AssertionError(f"unhandled strategy {choice.name}")
+
+
+def _logical_cpu_multi_worker_strategy(resolver, options, num_cpu_devices: int):
+  """MultiWorkerMirroredStrategy with one replica per logical CPU device of each worker, as a worker with that
+  many GPUs runs on Vertex: TensorFlow counts one CPU device a worker whatever the logical devices
+  (`CollectiveAllReduceExtended._initialize_local_devices`), so a local rehearsal of a "2-GPU" worker would run
+  half the replicas, with another per-replica batch. The class's one device-counting method is overridden, as
+  Habana's HPUStrategy overrides it for its devices; everything else (collectives, input sharding by worker,
+  checkpoints) is TensorFlow's own."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.distribute import collective_all_reduce_strategy as collective  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.distribute import distribute_lib  # pylint: disable=g-import-not-at-top
+
+  class LogicalCpuExtended(collective.CollectiveAllReduceExtended):
+
+    def _initialize_local_devices(self, cluster_resolver, worker_device):
+      return tuple(f"{worker_device}/device:CPU:{i}" for i in range(num_cpu_devices)), "CPU"
+
+  class LogicalCpuMultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+
+    def __init__(self):  # pylint: disable=super-init-not-called
+      distribute_lib.Strategy.__init__(  # pylint: disable=non-parent-init-called
+          self, LogicalCpuExtended(self, cluster_resolver=resolver, communication_options=options))
+
+  return LogicalCpuMultiWorkerMirroredStrategy()
 
 
 GRADIENT_PACK_BYTES = 32 * 1024 * 1024  # gradients all-reduced in packs of up to this size
