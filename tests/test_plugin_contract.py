@@ -189,3 +189,21 @@ def _train_and_serve(churn_data, tmp_path, name, loop, strategy):
   names = models.input_names(result.model)
   expected = tf.nn.softmax(result.model(models.select_inputs(encoded, names), training=False)).numpy()
   np.testing.assert_allclose(probabilities, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("activation,binary,multi_label,probabilities", [
+    ("softmax", False, False, [[1e-12, 1e-30, 1 - 1e-12], [0.5, 0.25, 0.25]]),
+    ("sigmoid", True, False, [[1e-12], [1 - 1e-6]]),
+    ("sigmoid", False, True, [[1e-12, 0.5, 1 - 1e-6]]),
+])
+def test_a_confident_models_small_probabilities_are_served_as_they_are(activation, binary, multi_label,
+                                                                      probabilities):
+  """A plug-in's probabilities become logits and come back from serving's softmax (or sigmoid) with their
+  magnitude: 1e-12 stays 1e-12, not a floor of 1e-7."""
+  _, to_logits = models._contract_layers()  # pylint: disable=protected-access
+  p = np.array(probabilities, dtype=np.float32)
+  logits = to_logits(activation, binary, multi_label=multi_label)(tf.constant(p))
+  served = tf.sigmoid(logits).numpy() if multi_label else tf.nn.softmax(logits).numpy()
+  expected = np.concatenate([1 - p, p], axis=1) if binary else p
+  np.testing.assert_allclose(served, expected, rtol=1e-4)
+  assert np.all(np.isfinite(logits.numpy()))

@@ -327,6 +327,7 @@ def _output_form(model, schema: schema_lib.Schema, *, flag: str) -> tuple[str | 
 
 
 def _contract_layers():
+  import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   class IdsToStrings(tf.keras.layers.Layer):
@@ -350,15 +351,18 @@ def _contract_layers():
 
     def call(self, outputs):
       outputs = tf.cast(outputs, tf.float32)
-      tiny = 1e-7  # probabilities of exactly 0 or 1 would be infinite logits
+      # Probabilities of exactly 0 or 1 would be infinite logits: clip to float32's own limits (its smallest
+      # normal number, its largest number below 1), not to Keras' 1e-7, so a served probability keeps its
+      # magnitude (a 1e-12 stays 1e-12, not 1e-7).
+      tiny, below_one = np.finfo(np.float32).tiny, 1 - np.finfo(np.float32).epsneg
       if self._multi_label:
-        p = tf.clip_by_value(outputs, tiny, 1 - tiny)
-        return tf.math.log(p) - tf.math.log(1 - p)  # sigmoid of this is p
+        p = tf.clip_by_value(outputs, tiny, below_one)
+        return tf.math.log(p) - tf.math.log1p(-p)  # sigmoid of this is p
       if self._activation == "sigmoid" or self._binary:
         outputs = tf.reshape(outputs, [-1, 1])
         if self._activation == "sigmoid":
-          p = tf.clip_by_value(outputs, tiny, 1 - tiny)
-          return tf.concat([tf.math.log(1 - p), tf.math.log(p)], axis=-1)  # softmax of these is [1 - p, p]
+          p = tf.clip_by_value(outputs, tiny, below_one)
+          return tf.concat([tf.math.log1p(-p), tf.math.log(p)], axis=-1)  # softmax of these is [1 - p, p]
         return tf.concat([tf.zeros_like(outputs), outputs], axis=-1)  # softmax([0, z]) = [1 - sigmoid z, sigmoid z]
       return tf.math.log(tf.clip_by_value(outputs, tiny, 1.0))  # softmax(log p) = p
 
