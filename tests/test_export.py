@@ -108,5 +108,18 @@ def test_an_export_interrupted_while_publishing_is_still_its_runs(churn_data, tm
                              side_files={export.RUN_RECORD_FILE: record}, first=(export.RUN_RECORD_FILE,))
   assert copies == [f"{directory}/{export.RUN_RECORD_FILE}"] and MARKER not in _listing(directory)
   export.check_model_dir(directory, checkpoint_dir=str(tmp_path / "checkpoints"))  # the restart: its own
+  export.check_model_dir(directory, checkpoint_dir=str(tmp_path / "checkpoints") + "/")  # however it is written
   with pytest.raises(UserError, match=r"holds the export of another run \(its checkpoints in .*/checkpoints\)"):
     export.check_model_dir(directory, checkpoint_dir=str(tmp_path / "other-run"))
+
+
+def test_paths_name_the_same_place_however_written(tmp_path, monkeypatch):
+  from trainer import paths  # pylint: disable=g-import-not-at-top
+
+  assert paths.same_location("/gcs/b/run/checkpoints", "gs://b/run/checkpoints/")
+  assert paths.same_location("gs://b/run/", "gs://b/run")
+  assert not paths.same_location("gs://b/run", "gs://b/run2")
+  assert not paths.same_location("gs://b/run", "gs://c/run")
+  monkeypatch.chdir(tmp_path)
+  assert paths.same_location("out/", f"{tmp_path}/out")
+  assert not paths.same_location("out", f"{tmp_path}/other")

@@ -186,7 +186,7 @@ def check_model_dir(directory: str, *, checkpoint_dir: str) -> None:
       owner = None
   elif not any(tf.io.gfile.exists(paths.join_path(directory, name)) for name in ("saved_model.pb", METRICS_FILE)):
     return  # nothing there yet
-  if owner == checkpoint_dir:
+  if owner is not None and paths.same_location(owner, checkpoint_dir):  # as written: /gcs/ or gs://, a slash
     return
   whose = (f"the export of another run (its checkpoints in {owner})" if owner
            else "a SavedModel this trainer did not write")

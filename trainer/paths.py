@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 
 def normalize_path(path: str) -> str:
   """Rewrites a Cloud Storage FUSE path `/gcs/<bucket>/...` to `gs://<bucket>/...`.
@@ -18,6 +20,18 @@ def normalize_path(path: str) -> str:
 def join_path(base: str, *parts: str) -> str:
   """Joins path segments for local and `gs://` paths alike (os.path.join would mangle `gs://` on Windows)."""
   return "/".join([base.rstrip("/")] + [p.strip("/") for p in parts])
+
+
+def same_location(a: str, b: str) -> bool:
+  """Whether two paths name the same place as they may be written: `/gcs/b/x` and `gs://b/x/`, `out/` and
+  `./out` (local paths made absolute, links resolved)."""
+  def canonical(path: str) -> str:
+    path = normalize_path(path)
+    if "://" in path:
+      return path.rstrip("/")
+    return os.path.realpath(path)
+
+  return canonical(a) == canonical(b)
 
 
 def split_gcs_uri(uri: str) -> tuple[str, str]:
