@@ -99,6 +99,21 @@ def test_jsonl_text_on_a_two_process_multi_worker_job(reviews, tmp_path):
   _assert_serves_raw_text(out / "model", reviews["eval"], minimum=reviews["baseline"] - 0.08)
 
 
+def test_free_text_under_fit_on_two_replicas_trains_and_resumes(reviews, tmp_path):
+  """`--loop=fit` under MirroredStrategy with a raw-string input (Keras 3 averages the first batch across replicas
+  to build the model, which strings cannot be: the trainer builds it from the input's spec), and its resume."""
+  root = reviews["root"]
+  out = tmp_path / "out"
+  args = [f"--train_data={root}/train.csv", f"--eval_data={root}/eval.csv", "--label=category", f"--output_dir={out}",
+          "--global_batch_size=32", "--loop=fit", "--num_cpu_devices=2", "--checkpoint_every_steps=10",
+          "--eval_steps=2"]
+  assert procs.run_trainer_in_process(args + ["--train_steps=10"]) == 0
+  assert procs.run_trainer_in_process(args + ["--train_steps=20"]) == 0
+  metrics = _metrics(out)
+  assert (metrics["strategy"], metrics["num_replicas"]) == ("MirroredStrategy", 2)
+  assert (metrics["final_step"], metrics["resumed_from_step"]) == (20, 10)
+
+
 def test_a_tutorial_text_model_gets_the_raw_string(reviews, tmp_path):
   """tensorflow.org's text classification model (TextVectorization + Embedding inside the model) as a plug-in."""
   root = reviews["root"]

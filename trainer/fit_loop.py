@@ -148,6 +148,26 @@ def _compile(job: Job, model: Any, optimizer: Any, objective: objective_lib.Obje
                   run_eagerly=cfg.run_eagerly, jit_compile=cfg.jit_compile)  # the plan refuses it over CPU replicas
 
 
+def _build_before_fit(job: Job, model: Any, names: list[str]) -> None:
+  """Builds the model, its metrics, loss and optimizer from the input's spec when Keras' own build would fail.
+
+  Keras 3 (3.15 here; not 3.4) starts `fit` under a strategy by averaging the first distributed batch across
+  replicas (`_maybe_symbolic_build`: a cross-replica MEAN of every input) only to learn shapes and dtypes; a batch
+  holding strings (free text, which every model takes raw) cannot be averaged ("attr 'T' of string ... AddN").
+  So under several replicas with a string input the trainer builds the same state from the dataset's element
+  spec, as that method would from the batch, and that model's averaging step is skipped."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  if job.strategy.num_replicas_in_sync < 2 or not hasattr(model, "_maybe_symbolic_build"):
+    return
+  spec = job.dataset_fn("train", select=names)(tf.distribute.InputContext()).element_spec
+  if not any(s.dtype == tf.string for s in tf.nest.flatten(spec)):
+    return
+  with job.strategy.scope():
+    model._symbolic_build(data_batch=spec)  # pylint: disable=protected-access  (shapes and dtypes are all it reads)
+  model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None  # pylint: disable=protected-access
+
+
 def fit_loop(job: Job) -> TrainResult:
   """Keras `model.fit` from the last checkpoint (or step 0) to exactly `job.train_steps` (so `--epochs` means
   passes over the data under both loops), then one evaluation (`TrainingSession`)."""
@@ -160,6 +180,7 @@ def fit_loop(job: Job) -> TrainResult:
   _compile(job, model, optimizer, objective_lib.Objective(job.schema))  # before the restore, as Keras expects
   with TrainingSession(job, model, optimizer) as session:
     names = models.input_names(model)
+    _build_before_fit(job, model, names)
     losses = [None]
     batch_level = not parameter_server  # Keras rejects batch-level callbacks under parameter servers
     epoch_steps = fit_epoch_steps(cfg, batch_level=batch_level)
@@ -176,7 +197,8 @@ def fit_loop(job: Job) -> TrainResult:
           train_data = strategy.distribute_datasets_from_function(job.dataset_fn("train", select=names))
         with job.reading_data():
           history = model.fit(train_data, epochs=epochs, initial_epoch=initial_epoch,
-                              steps_per_epoch=steps_in_epoch, callbacks=[callback], verbose=0)
+                              steps_per_epoch=steps_in_epoch, callbacks=[callback], verbose=0,
+                              shuffle=False)  # the input pipeline shuffles (--shuffle_buffer); Keras cannot
         losses = history.history.get("loss") or losses
     return session.finish(train_loss=losses[-1])
 
