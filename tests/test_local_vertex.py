@@ -150,6 +150,7 @@ def test_a_users_package_staged_beside_the_trainer_runs_on_a_two_process_job(sta
   for replica in ("workerpool0-0", "workerpool1-0"):
     log = open(f"{job_dir}/{replica}.log").read()
     assert f"churn_models: built from {job_dir}/site/churn_models/__init__.py" in log, log[-3000:]
+    assert f"I Model {user_package.MODEL_FLAG.split('=', 1)[1]} from {job_dir}/site/churn_models/__init__.py\n" in log
     assert "Traceback" not in log
   assert '"strategy": "MultiWorkerMirroredStrategy"' in open(f"{job_dir}/workerpool0-0.log").read()
   assert os.path.exists(f"{job_dir}/site/churn_models/__init__.py")  # installed beside the trainer

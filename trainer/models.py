@@ -31,6 +31,8 @@ import os
 import traceback
 from typing import Any, Callable, Mapping
 
+from absl import logging
+
 from trainer import config as config_lib
 from trainer import feature_kinds
 from trainer import schema as schema_lib
@@ -64,6 +66,8 @@ def resolve_builder(name: str) -> Callable[..., Any]:
   build_fn = getattr(module, attr, None)
   if not callable(build_fn):
     raise UserError(f"--model={name!r}: module {module_name!r} has no callable {attr!r}")
+  # Which copy of the user's code this replica runs (the image's, an --extra_package's, a local checkout's).
+  logging.info("Model %s from %s", name, getattr(module, "__file__", None) or module_name)
 
   def build_plugin(schema: schema_lib.Schema, model_config: config_lib.ModelConfig,
                    hparams: Mapping[str, Any]):
