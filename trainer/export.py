@@ -18,6 +18,7 @@ variable is saved as its value).
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import uuid
 from typing import Any
@@ -37,10 +38,21 @@ METRICS_FILE = "eval_metrics.json"
 RUN_RECORD_FILE = "trainer_config.json"
 
 
+def served_schema(model, schema: schema_lib.Schema) -> schema_lib.Schema:
+  """The schema of what the model takes. A feature it never sees (a CNN's tabular columns, the string column a
+  plug-in over the numeric vector leaves out) is no input of the export, so a request need not carry it; sent
+  anyway, it is ignored as any field that is not an input is (scripts/predict.py)."""
+  names = models.input_names(model)
+  if names is None:
+    return schema  # a subclassed model over the dict: it may read any feature
+  return dataclasses.replace(schema, features=tuple(f for f in schema.features if f.input_name in names))
+
+
 def serving_root(model, schema: schema_lib.Schema):
   """A trackable holding the `serve` function and the variables and tables it uses; not the model itself."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+  schema = served_schema(model, schema)
   encoder = features_lib.FeatureEncoder(schema)
   names = models.input_names(model)
 
@@ -203,7 +215,7 @@ def publish(model, schema: schema_lib.Schema, directory: str, *, is_chief: bool,
   if is_chief:
     check_model_dir(directory, checkpoint_dir=run_record["config"]["output"]["checkpoint_dir"])
   side_files = {RUN_RECORD_FILE: run_record, schema_lib.SCHEMA_FILE: schema.to_dict(),
-                predict_schemata.INSTANCE_FILE: predict_schemata.instance_schema(schema),
+                predict_schemata.INSTANCE_FILE: predict_schemata.instance_schema(served_schema(model, schema)),
                 predict_schemata.PREDICTION_FILE: predict_schemata.prediction_schema(schema)}
   exported = export_for_role(model, schema, directory, is_chief=is_chief, complete_marker=METRICS_FILE,
                              side_files=side_files if is_chief else None, first=(RUN_RECORD_FILE,))
