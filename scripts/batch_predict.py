@@ -231,6 +231,7 @@ def run_local(model: predict.SessionModel, files: list[str], kind: str, output_d
   errors: list[str] = []
   first_error: list[str] = []
   ignored: set[str] = set()
+  given: set[str] = set()  # inputs some instance carried a value for (by input or column name)
   batch: list[tuple[str, Any]] = []
 
   def fail(where: str, shown: dict, message: str) -> None:
@@ -249,6 +250,11 @@ def run_local(model: predict.SessionModel, files: list[str], kind: str, output_d
       sent, shown, why = config.split(instance)
       prepared.append((where, sent, shown, why and f"the instance {why}"))
     good = [sent for _, sent, _, why in prepared if why is None]
+    for sent in good:
+      if isinstance(sent, dict):
+        given.update(model.columns.input_of.get(k, k) for k, v in sent.items() if v is not None)
+      else:
+        given.update(model.inputs)  # a bare value or a list: the model's one input
     try:
       answered = predict.predict(model, {"instances": good}, ignored=ignored)["predictions"] if good else []
     except predict.PredictError:
@@ -287,6 +293,10 @@ def run_local(model: predict.SessionModel, files: list[str], kind: str, output_d
                             "errors": len(errors), "result_files": shards}
   if ignored:
     counts["ignored_fields"] = sorted(ignored)
+  if results:
+    never_given = sorted(set(model.inputs) - given)
+    if never_given:  # each got the schema's default: likely a column the input files lack, or name differently
+      counts["defaulted_inputs"] = never_given
   counts["first_error"] = first_error[0] if first_error else None
   return counts
 
@@ -393,6 +403,13 @@ def _local(args) -> int:
       raise BatchError(f"--instance_type=array: each instance would reach the model as a list of values, and its "
                        f"signature takes {len(model.inputs)} inputs by name ({', '.join(sorted(model.inputs))}): "
                        "use --instance_type=object (the default)")
+    key_input = args.config.key_field and (model.columns.input_of.get(args.config.key_field) or
+                                           (args.config.key_field if args.config.key_field in model.inputs else None))
+    if key_input:
+      raise BatchError(f"--key_field={args.config.key_field}: the model takes it as its input "
+                       f"{model.columns.describe(key_input)}, and a key field is not sent to the model (as on "
+                       "Vertex): key by a field the model does not take, or leave --key_field out (each output "
+                       "line then carries its instance)")
     folder = output_folder(args.output_dir, args.model_dir)
     try:
       tf.io.gfile.makedirs(folder)
@@ -414,6 +431,10 @@ def _local(args) -> int:
                      f"{where})")
   if failed:
     print(f"warning: {failed} of {total} instances failed; the first at {first_error} (every error in {where})",
+          file=sys.stderr)
+  if counts.get("defaulted_inputs"):
+    print(f"warning: no instance gave {', '.join(model.columns.describe(n) for n in counts['defaulted_inputs'])}: "
+          "every prediction used the schema's default for it (a column the input lacks, or names otherwise?)",
           file=sys.stderr)
   return 0
 

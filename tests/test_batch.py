@@ -226,6 +226,38 @@ def test_instances_with_an_id_column_are_predicted_and_keyed(iris_model, tmp_pat
   assert sorted(results[0]["instance"]) == sorted(features)  # the instance as it was sent
 
 
+def test_a_key_field_the_model_takes_is_refused_before_anything_is_written(iris_model, tmp_path, capsys):
+  """A key field is not sent to the model (Vertex's keyField): naming one of its inputs would fail every instance,
+  so it is one line naming --key_field, the input and what to do; no output folder is made."""
+  model_dir, rows = iris_model
+  rows.iloc[:5].to_json(tmp_path / "new.jsonl", orient="records", lines=True)
+  code, _, err, _ = _run(capsys, ["local", f"--input={tmp_path}/new.jsonl", "--key_field=petal width (cm)",
+                                  f"--model_dir={model_dir}", f"--output_dir={tmp_path}/out"])
+  assert code == 2 and re.fullmatch(
+      r"error: --key_field=petal width \(cm\): the model takes it as its input 'petal_width__cm_' \(column 'petal "
+      r"width \(cm\)'\), and a key field is not sent to the model \(as on Vertex\): key by a field the model does "
+      r"not take, or leave --key_field out \(each output line then carries its instance\)", err), err
+  assert not os.path.exists(tmp_path / "out")
+
+
+def test_an_input_no_instance_gives_is_named(iris_model, tmp_path, capsys):
+  """A column every instance lacks (files exported without it) gets the schema's default in every prediction: the
+  run succeeds, as Vertex's would, and says which input was never given; one instance that lacks it is not news."""
+  model_dir, rows = iris_model
+  rows.drop(columns=["sepal width (cm)"]).to_json(tmp_path / "new.jsonl", orient="records", lines=True)
+  common = [f"--model_dir={model_dir}", f"--output_dir={tmp_path}/out"]
+  code, summary, err, (results, _) = _run(capsys, ["local", f"--input={tmp_path}/new.jsonl", *common])
+  assert code == 0 and len(results) == len(rows) and summary["defaulted_inputs"] == ["sepal_width__cm_"]
+  assert err == ("warning: no instance gave 'sepal_width__cm_' (column 'sepal width (cm)'): every prediction used "
+                 "the schema's default for it (a column the input lacks, or names otherwise?)"), err
+  records = rows.to_dict("records")
+  del records[0]["sepal width (cm)"]
+  with open(tmp_path / "one.jsonl", "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records)
+  code, summary, err, _ = _run(capsys, ["local", f"--input={tmp_path}/one.jsonl", *common])
+  assert code == 0 and "defaulted_inputs" not in summary and not err, err
+
+
 def test_a_batch_that_predicts_nothing_exits_2_and_a_partial_one_says_how_many_failed(iris_model, tmp_path, capsys):
   model_dir, rows = iris_model
   frame = _with_ids(rows.iloc[:10])

