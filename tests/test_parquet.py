@@ -143,3 +143,33 @@ def test_bad_parquet_is_one_line_and_nothing_written(tmp_path):
     errors = _errors(result)
     assert len(errors) == 1 and re.match(pattern, errors[0]), (pattern, result.stderr[-3000:])
     assert not (out / "model").exists()
+
+
+def test_a_later_file_written_with_other_types_is_named_before_training(tmp_path, capsys):
+  """A Spark-style folder whose second part was written with `amount` as text: the files' footers are compared in
+  pre-flight (no data read), so the run stops naming both files, with a schema given or inferred (where the column
+  would otherwise be sampled as mixed and dropped), in the training split or in the eval split."""
+  frame = pd.DataFrame({"amount": np.arange(300, dtype=float), "n": np.arange(300) * 2.0,
+                        "label": np.arange(300) % 2})
+  for folder in ("parts", "good"):
+    (tmp_path / folder).mkdir()
+    frame.iloc[:150].to_parquet(tmp_path / folder / "part-00000.parquet")
+  later = frame.iloc[150:].assign(amount=frame["amount"].iloc[150:].astype(str))
+  later.to_parquet(tmp_path / "parts" / "part-00001.parquet")
+  frame.iloc[150:].to_parquet(tmp_path / "good" / "part-00001.parquet")
+  schema = tmp_path / "schema.json"
+  schema.write_text(json.dumps({"features": [{"name": "amount", "type": "float"}, {"name": "n", "type": "float"}],
+                                "label": {"name": "label", "type": "int", "num_classes": 2}}))
+  common = ["--label=label", f"--output_dir={tmp_path}/out", "--train_steps=4", "--global_batch_size=10"]
+  for flag, args in [("--train_data", [f"--train_data={tmp_path}/parts/*.parquet", f"--schema={schema}"]),
+                     ("--train_data", [f"--train_data={tmp_path}/parts/*.parquet"]),
+                     ("--eval_data", [f"--train_data={tmp_path}/good/*.parquet",
+                                      f"--eval_data={tmp_path}/parts/*.parquet"])]:
+    code = procs.run_trainer_in_process(args + common)
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1, (args, errors)
+    assert re.fullmatch(
+        rf"error: {flag}: column 'amount' is Parquet type double in {tmp_path}/parts/part-00000\.parquet but "
+        rf"(large_)?string in {tmp_path}/parts/part-00001\.parquet; the files of a split must agree: write them with "
+        r"one schema \(pandas: cast the column before to_parquet\)", errors[0]), errors
+    assert not (tmp_path / "out" / "model").exists()

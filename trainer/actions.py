@@ -131,7 +131,9 @@ def agreement(job: Job) -> loop_lib.Agreement | None:
 
   @tf.function
   def any_process(flags):
-    return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: flags), axis=None) > 0
+    # tf.identity: a value per replica (a captured tensor returned as is is one plain value, which a worker with
+    # several local replicas refuses to reduce); each process's flags count once per replica, hence "> 0".
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(flags)), axis=None) > 0
 
   def agree(due):
     return [bool(v) for v in any_process(tf.constant([float(d) for d in due])).numpy()]

@@ -140,6 +140,34 @@ def type_problem(arrow_type, kind: str, *, values_per_example: int = 1) -> str |
   return "a type the trainer reads"
 
 
+def _kind_of(arrow_type) -> str:
+  """A column's type as the trainer reads it: numbers (any width), strings, binary, a list, or the type itself."""
+  types = _pyarrow("--train_data").types
+  if types.is_dictionary(arrow_type):
+    arrow_type = arrow_type.value_type
+  if types.is_integer(arrow_type) or types.is_floating(arrow_type) or types.is_boolean(arrow_type):
+    return "numbers"
+  if types.is_string(arrow_type) or types.is_large_string(arrow_type):
+    return "strings"
+  if types.is_binary(arrow_type) or types.is_large_binary(arrow_type):
+    return "binary"
+  return str(arrow_type)
+
+
+def check_files_agree(files: list[str], *, flag: str) -> None:
+  """Every file of a split holds each column as the same kind of value (footers only). Parts written at other
+  times (a column cast to text in one) would otherwise make inference drop the column, or training fail late."""
+  first: dict[str, tuple[str, str, Any]] = {}  # column -> (kind, file, type) as first seen
+  for path in files:
+    for name, arrow_type in column_types(path, flag=flag).items():
+      kind = _kind_of(arrow_type)
+      seen = first.setdefault(name, (kind, path, arrow_type))
+      if seen[0] != kind:
+        raise UserError(f"{flag}: column {name!r} is Parquet type {seen[2]} in {seen[1]} but {arrow_type} in {path}; "
+                        "the files of a split must agree: write them with one schema (pandas: cast the column "
+                        "before to_parquet)")
+
+
 def check_types(path: str, schema: schema_lib.Schema, *, flag: str) -> None:
   """Every schema column is in the file, with an Arrow type that holds its kind; else one line naming it."""
   found = column_types(path, flag=flag)

@@ -42,6 +42,7 @@ def validate_schema_for_format(schema: schema_lib.Schema, source: formats.Source
   if source.format == "parquet":
     from trainer import parquet  # pylint: disable=g-import-not-at-top
 
+    parquet.check_files_agree(files, flag=flag)  # footers only: a file written with other types, before training
     parquet.check_types(files[0], schema, flag=flag)
   if source.format == "csv":
     images = [f.name for f in schema.features if f.type == "image" and not f.uri]

@@ -139,6 +139,7 @@ def infer_schema(files: list[str], source: formats.Source, config: InferenceConf
   if source.format == "parquet":
     from trainer import parquet  # pylint: disable=g-import-not-at-top
 
+    parquet.check_files_agree(files, flag=flag)  # else a column typed otherwise in one file would be sampled as mixed
     unreadable = {name: kind for name, kind in parquet.unreadable_columns(files[0], flag=flag).items()
                   if name != config.label}
     if unreadable:
