@@ -143,3 +143,13 @@ def test_the_trainers_integer_flags_take_a_whole_number_written_as_a_float():
     values(["trainer.task", "--global_batch_size=2.5"])
   with pytest.raises(flags.IllegalFlagValueError):
     values(["trainer.task", "--global_batch_size=many"])
+
+
+def test_help_lists_the_plugins_hyperparameters(plugins):
+  """`python -m trainer.task --model=M --help` lists M's declared hyperparameters beside the trainer's flags."""
+  result = procs.run_trainer(["--model=tunable:build", "--help"], env={"PYTHONPATH": f"{procs.REPO}:{plugins}"},
+                             timeout=120)
+  assert "--train_data:" in result.stdout, result.stderr[-2000:]  # (absl's --help exits 1)
+  # (`dropout` is the trainer's own flag, which feeds the plug-in's hyperparameter of that name.)
+  for name, default in (("units", "8"), ("activation", "'relu'"), ("batch_norm", "False")):
+    assert f"--{name}: Hyperparameter of --model=tunable:build (default {default})." in result.stdout, result.stdout

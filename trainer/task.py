@@ -106,6 +106,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
   try:
     storage.configure_gcs(os.environ)  # before the plug-in module (which may import TensorFlow) is imported
     hparams_lib.define_for_argv(flags.FLAGS, argv)
+    flags.adopt_module_key_flags(hparams_lib)  # --help lists the --model plug-in's hyperparameters too
     return flags.FLAGS(argv)
   except (flags.Error, UserError) as e:
     message = str(e) if isinstance(e, UserError) else hparams_lib.explain_flag_error(e, argv)
