@@ -5,8 +5,9 @@ r"""Batch prediction as Vertex AI's BatchPredictionJob does it: locally over fil
     python -m scripts.batch_predict submit --model=projects/P/locations/L/models/ID --input='gs://B/new/*.csv' \
         --output_dir=gs://B/predictions --project=P --region=L [--machine_type=n1-standard-4] [--dry_run]
 
-`local` reads every instance of the input files (JSONL: one JSON instance a line; CSV with a header: one row an
-instance, keyed by the header; TFRecord: tf.train.Example records), answers them with the model loaded as TF
+`local` reads every instance of the input files (JSONL: one JSON instance a line; CSV as Vertex reads it: each row
+the list of its values, without the header, a value in double quotes text and any other a number, so the columns
+must be the model's inputs in order; TFRecord: tf.train.Example records), answers them with the model loaded as TF
 Serving loads it (scripts/predict.py: column names, nulls and empty cells read as training read them), and writes
 Vertex's output layout in a new `prediction-<model>-<time>` folder under --output_dir (as Vertex names it, so runs
 never mix): `prediction.results-NNNNN-of-NNNNN` lines of
@@ -32,9 +33,11 @@ output.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import datetime
+import gzip
 import io
 import json
 import os
@@ -169,7 +172,6 @@ def instances(files: list[str], kind: str) -> Iterator[tuple[str, Any]]:
     with tf.io.gfile.GFile(path, "rb") as f:
       raw = f.read()
     if path.endswith(".gz"):
-      import gzip  # pylint: disable=g-import-not-at-top
       raw = gzip.decompress(raw)
     text = raw.decode("utf-8-sig")
     if kind == "jsonl":
@@ -181,16 +183,44 @@ def instances(files: list[str], kind: str) -> Iterator[tuple[str, Any]]:
           except ValueError as e:
             yield where, _BadLine(line, f"{where} is not JSON ({e})")
     else:
-      reader = csv.DictReader(io.StringIO(text))
-      for row in reader:
-        where = f"{os.path.basename(path)} line {reader.line_num}"
-        given = [v for k, v in row.items() if k is not None and v is not None] + list(row.get(None) or [])
-        if len(given) != len(reader.fieldnames):  # fewer fields than the header, or more
-          yield where, _BadLine(",".join(given), f"{where} has {len(given)} fields; its header has "
-                                f"{len(reader.fieldnames)}")
-          continue
-        # An empty cell is a missing value, as training reads it (scripts/predict.py reads numbers in text).
-        yield where, {key: None if value == "" else value for key, value in row.items()}
+      yield from _csv_rows(path, text)
+
+
+def csv_header(text: str) -> list[str]:
+  return next(csv.reader(io.StringIO(text)), [])
+
+
+def _csv_rows(path: str, text: str) -> Iterator[tuple[str, Any]]:
+  """A CSV file's rows as Vertex reads them for a batch job: a value in double quotes is a string, any other a
+  number (an unquoted word fails that row); an empty cell is a missing value. Each row as {header name: value},
+  in the header's order (`_RowOfCsv`), which `run_local` sends as the list Vertex sends."""
+  header = csv_header(text)
+  reader = csv.reader(io.StringIO(text), quoting=csv.QUOTE_NONNUMERIC)
+  with contextlib.suppress(ValueError, StopIteration):
+    next(reader)  # the header (its unquoted names are no numbers)
+  lines = text.splitlines()
+  while True:
+    try:
+      row = next(reader)
+    except StopIteration:
+      return
+    except ValueError as e:
+      where = f"{os.path.basename(path)} line {reader.line_num}"
+      yield where, _BadLine(lines[reader.line_num - 1] if reader.line_num <= len(lines) else "",
+                            f"{where}: {e}; Vertex reads an unquoted CSV value as a number: put text in double "
+                            "quotes (pandas: to_csv(..., quoting=csv.QUOTE_NONNUMERIC))")
+      continue
+    where = f"{os.path.basename(path)} line {reader.line_num}"
+    if not row:
+      continue
+    if len(row) != len(header):  # fewer fields than the header, or more
+      yield where, _BadLine(",".join(map(str, row)), f"{where} has {len(row)} fields; its header has {len(header)}")
+      continue
+    yield where, _RowOfCsv(zip(header, (None if value == "" else value for value in row)))
+
+
+class _RowOfCsv(dict):
+  """A CSV row by header name (for --key_field); sent to the model as the list of its values, as Vertex sends it."""
 
 
 class _BadLine:
@@ -248,6 +278,9 @@ def run_local(model: predict.SessionModel, files: list[str], kind: str, output_d
         prepared.append((where, None, {"instance": instance.text}, instance.reason))
         continue
       sent, shown, why = config.split(instance)
+      if isinstance(instance, _RowOfCsv) and why is None:  # Vertex sends a CSV row as a list, without its header
+        sent = list(sent.values())
+        shown = shown if "key" in shown else {"instance": sent}
       prepared.append((where, sent, shown, why and f"the instance {why}"))
     good = [sent for _, sent, _, why in prepared if why is None]
     for sent in good:
@@ -348,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--input", required=True, help="files or a pattern, local or gs://")
   parser.add_argument("--output_dir", required=True)
   parser.add_argument("--format", default="auto", choices=("auto", "jsonl", "csv", "tfrecord"))
-  parser.add_argument("--model_dir", default=None, help="local: the exported SavedModel")
+  parser.add_argument("--model_dir", default=None, help="local: the exported SavedModel; submit: the export the "
+                      "registered model serves, to check a CSV input's columns against it before sending")
   parser.add_argument("--batch_size", type=int, default=64)
   parser.add_argument("--results_per_file", type=int, default=100_000)
   parser.add_argument("--model", default=None, help="submit: the registered model (projects/P/locations/L/models/ID)")
@@ -403,6 +437,8 @@ def _local(args) -> int:
       raise BatchError(f"--instance_type=array: each instance would reach the model as a list of values, and its "
                        f"signature takes {len(model.inputs)} inputs by name ({', '.join(sorted(model.inputs))}): "
                        "use --instance_type=object (the default)")
+    if kind == "csv":
+      check_csv_headers(files, model, key_field=args.config.key_field)
     key_input = args.config.key_field and (model.columns.input_of.get(args.config.key_field) or
                                            (args.config.key_field if args.config.key_field in model.inputs else None))
     if key_input:
@@ -439,6 +475,26 @@ def _local(args) -> int:
   return 0
 
 
+def check_csv_headers(files: list[str], model: predict.SessionModel, *, key_field: str | None) -> None:
+  """Vertex sends each CSV row to the model as the list of its values, without the header: so the columns (but
+  the --key_field, which Vertex leaves out) must be the model's inputs in their order. One line if not."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  order = model.columns.order
+  expected = [model.columns.column_of.get(name, name) for name in order]
+  for path in files:
+    with tf.io.gfile.GFile(path, "rb") as f:
+      first = gzip.decompress(f.read()) if path.endswith(".gz") else f.readline()
+    header = [name for name in csv_header(first.decode("utf-8-sig")) if name != key_field]
+    as_inputs = [model.columns.input_of.get(name, name) for name in header]
+    if not order or as_inputs != order:
+      raise BatchError(f"--input: {path} has the columns {', '.join(header) or '(none)'}"
+                       f"{' (besides the --key_field)' if key_field else ''}; Vertex sends each CSV row to the model "
+                       "as the list of its values, without the header, so they must be the model's inputs in "
+                       f"order: {', '.join(expected) or '(by name only: this export has no schema.json)'} (or give "
+                       "JSONL: one object per line, by name, other fields ignored)")
+
+
 def _submit(args) -> int:
   if not args.model or not re.fullmatch(r"projects/[^/]+/locations/[^/]+/models/[^/]+", args.model):
     raise BatchError(f"--model={args.model!r}: expected a registered model, projects/P/locations/L/models/ID "
@@ -454,6 +510,20 @@ def _submit(args) -> int:
     raise BatchError("--input: Vertex sends each TFRecord record to the model as one {\"b64\": ...} value, and this "
                      "export's signature takes features by name: give Vertex JSONL or CSV (local reads TFRecord "
                      "files as tf.train.Examples)")
+  if kind == "csv":
+    if args.model_dir:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+      model = predict.load(args.model_dir)
+      try:
+        check_csv_headers([path for uri in inputs for path in sorted(tf.io.gfile.glob(uri))], model,
+                          key_field=args.config.key_field)
+      finally:
+        model.close()
+    else:
+      print("note: --input is CSV: Vertex sends each row as the list of its values, without the header, so the "
+            "columns must be the model's inputs in order; --model_dir=EXPORT checks them before sending",
+            file=sys.stderr)
   request = batch_request(parent=f"projects/{args.project}/locations/{args.region}", display_name=args.display_name,
                           model=args.model, input_uris=inputs, kind=kind, output_dir=args.output_dir,
                           machine_type=args.machine_type, replicas=args.replica_count, config=args.config)

@@ -94,6 +94,9 @@ class TrainingColumns:
 
   def __init__(self, features: list[dict], label: str | None, inputs):
     by_input = {safe_name(f["name"]): f for f in features if safe_name(f["name"]) in inputs}
+    # The inputs in the schema's order (the training data's column order): how a list instance is read (Vertex
+    # sends each row of a batch's CSV as a list of its values, without the header). Empty without a schema.
+    self.order = list(by_input) if len(by_input) == len(inputs) else []
     self.column_of = {name: f["name"] for name, f in by_input.items()}
     self.input_of = {f["name"]: name for name, f in by_input.items()}
     self.defaults = {name: f.get("default") for name, f in by_input.items()}
@@ -272,7 +275,9 @@ def _columns_from_rows(model: SessionModel, instances: list, ignored: set[str] |
   single = next(iter(model.inputs)) if len(model.inputs) == 1 else None
   values: dict[str, list] = {name: [] for name in model.inputs}
   for i, row in enumerate(instances):
-    if not isinstance(row, dict) or (single and single not in row):
+    if isinstance(row, list) and single is None:
+      row = _positional(model, row, where=f"instance {i}")
+    elif not isinstance(row, dict) or (single and single not in row):
       if single is None:
         raise PredictError(f"instance {i}: expected an object of feature -> value, got {json.dumps(row)[:80]}")
       row = {single: row}  # TF Serving takes bare values when the signature has one input
@@ -280,6 +285,19 @@ def _columns_from_rows(model: SessionModel, instances: list, ignored: set[str] |
     for name, value in row.items():
       values[name].append(_to_array(model, name, value, where=f"instance {i}", batched=False))
   return {name: np.stack(column) for name, column in values.items()}
+
+
+def _positional(model: SessionModel, values: list, *, where: str) -> dict:
+  """A list instance (a CSV row, as Vertex's batch prediction sends one) as the inputs in the schema's order."""
+  order = model.columns.order
+  if order and len(values) == len(order):
+    return dict(zip(order, values))
+  if not order:
+    raise PredictError(f"{where}: a list of {len(values)} values; this model takes its inputs by name (no schema.json "
+                       "beside it says their order): send an object of feature -> value")
+  columns = ", ".join(model.columns.column_of.get(name, name) for name in order)
+  raise PredictError(f"{where}: a list of {len(values)} values (a CSV row, as Vertex sends one); the model takes "
+                     f"{len(order)}, in this order: {columns}")
 
 
 def _to_array(model: SessionModel, name: str, value: Any, *, where: str, batched: bool) -> np.ndarray:

@@ -102,3 +102,12 @@ def copy_tree(source: str, target) -> str:
     for name in files:
       tf.io.gfile.copy(f"{root.rstrip('/')}/{name}", os.path.join(target, relative, name), overwrite=True)
   return str(target)
+
+
+def assert_same_predictions(got, expected, message=""):
+  """Predictions (Vertex's dicts, or bare values) with the same classes, and numbers equal up to float32 rounding:
+  another batch size, another process or a loaded machine may sum in another order (oneDNN splits its work)."""
+  assert [{k: v for k, v in p.items() if k != "probabilities"} for p in got] == \
+         [{k: v for k, v in p.items() if k != "probabilities"} for p in expected], message
+  np.testing.assert_allclose([p["probabilities"] for p in got], [p["probabilities"] for p in expected], rtol=1e-5,
+                             atol=1e-7, err_msg=message)

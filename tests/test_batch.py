@@ -1,6 +1,7 @@
 """Batch prediction (python -m scripts.batch_predict): Vertex's output layout over JSONL, CSV and TFRecord inputs
 as pandas and TensorFlow write them, local files and gs://, bad lines kept apart; and the BatchPredictionJob."""
 
+import csv
 import glob
 import json
 import os
@@ -13,6 +14,7 @@ from google.protobuf import json_format
 
 import fake_vertex
 import procs
+import serving
 from public_data import iris_frame
 from scripts import batch_predict
 from scripts import predict
@@ -43,15 +45,6 @@ def _expected(model_dir, rows):
     return predict.predict(model, {"instances": instances})["predictions"]
   finally:
     model.close()
-
-
-def _assert_same_predictions(got, expected, message=""):
-  """The same classes, and probabilities equal up to float32 rounding (batches of another size may sum in
-  another order, and a loaded machine splits oneDNN's work differently)."""
-  assert [{k: v for k, v in p.items() if k != "probabilities"} for p in got] == \
-         [{k: v for k, v in p.items() if k != "probabilities"} for p in expected], message
-  np.testing.assert_allclose([p["probabilities"] for p in got], [p["probabilities"] for p in expected], rtol=1e-5,
-                             atol=1e-7, err_msg=message)
 
 
 def _outputs(directory):
@@ -90,10 +83,13 @@ def test_every_input_format_gives_vertexs_output_layout(iris_model, gcs, tmp_pat
   with open(inputs / "new.jsonl", "a") as f:
     f.write("{not json\n")
     f.write(json.dumps({**records[0], "petal length (cm)": "long"}) + "\n")
-  # CSV as pandas writes it (blank cells), in the bucket; a bad row at the end.
-  bad_row = rows.iloc[:1].copy()
+  # CSV as Vertex reads one (the model's columns in order, text quoted; blank cells), in the bucket; a bad row at
+  # the end.
+  features = rows.drop(columns=["species"])
+  bad_row = features.iloc[:1].copy()
   bad_row["petal width (cm)"] = "wide"
-  csv_text = rows.to_csv(index=False) + bad_row.to_csv(index=False, header=False) + "5.1,3.5\n"  # a short row
+  csv_text = (features.to_csv(index=False, quoting=csv.QUOTE_NONNUMERIC) +
+              bad_row.to_csv(index=False, header=False, quoting=csv.QUOTE_NONNUMERIC) + "5.1,3.5\n")  # a short row
   (inputs / "new.csv").write_text(csv_text)
   stage_data.upload_tree(str(inputs), "gs://test-bucket/batch-in")
   _write_tfrecord(inputs / "new.tfrecord", rows)
@@ -113,7 +109,7 @@ def test_every_input_format_gives_vertexs_output_layout(iris_model, gcs, tmp_pat
                        "result_files": 2, "input_files": 1, "format": kind}
     (folder,) = glob.glob(f"{out}/prediction-*")
     results, errors = _outputs(folder)
-    _assert_same_predictions([r["prediction"] for r in results], expected, kind)  # a bad one never shifts the others
+    serving.assert_same_predictions([r["prediction"] for r in results], expected, kind)  # a bad one never shifts the others
     assert len(errors) == bad and all(e["error"]["code"] == 3 for e in errors)
     if kind == "jsonl":
       assert results[0]["instance"] == json.loads(open(inputs / "new.jsonl").readline())  # as it was sent
@@ -121,10 +117,11 @@ def test_every_input_format_gives_vertexs_output_layout(iris_model, gcs, tmp_pat
       assert "NaN" in open(inputs / "new.jsonl").read() and "NaN" not in results_text  # standard JSON out
       assert "line 31 is not JSON" in errors[0]["error"]["message"]
       assert re.match(r"^feature 'petal_length__cm_' must be a number", errors[1]["error"]["message"])
-    if kind == "csv":
+    if kind == "csv":  # each row sent as the list of its values, as Vertex sends it
+      assert results[0]["instance"] == [None if v != v else v for v in features.iloc[0].tolist()]
       assert re.match(r"^feature 'petal_width__cm_' must be a number", errors[0]["error"]["message"])
       assert errors[1] == {"instance": "5.1,3.5", "error": {"code": 3, "message": "new.csv line 33 has 2 fields; its "
-                                                                                  "header has 5"}}
+                                                                                  "header has 4"}}
   accuracy = np.mean([r["prediction"]["class_name"] == y for r, y in zip(results, rows["species"])])
   assert accuracy >= 0.8
 
@@ -199,31 +196,68 @@ def test_instances_with_an_id_column_are_predicted_and_keyed(iris_model, tmp_pat
   frame = _with_ids(rows)
   expected = _expected(model_dir, rows.to_dict("records"))
   frame.to_json(tmp_path / "new.jsonl", orient="records", lines=True)
-  frame.to_csv(tmp_path / "new.csv", index=False)
   common = [f"--model_dir={model_dir}", f"--output_dir={tmp_path}/out", "--batch_size=8"]
+  code, summary, err, (results, errors) = _run(capsys, ["local", f"--input={tmp_path}/new.jsonl", *common])
+  assert code == 0 and not err and not errors, err
+  assert summary["predictions"] == len(frame) and summary["ignored_fields"] == ["Name"]
+  serving.assert_same_predictions([r["prediction"] for r in results], expected)
+  assert [r["instance"]["Name"] for r in results] == list(frame["Name"])  # echoed as it came
+  # CSV: Vertex sends a row as the list of its values (no header), the key field left out: an id column then the
+  # model's columns in order, text quoted.
+  frame.drop(columns=["species"]).to_csv(tmp_path / "new.csv", index=False, quoting=csv.QUOTE_NONNUMERIC)
   for kind in ("jsonl", "csv"):
-    code, summary, err, (results, errors) = _run(capsys, ["local", f"--input={tmp_path}/new.{kind}", *common])
-    assert code == 0 and not err and not errors, err
-    assert summary["predictions"] == len(frame) and summary["ignored_fields"] == ["Name"]
-    _assert_same_predictions([r["prediction"] for r in results], expected)
-    assert [r["instance"]["Name"] for r in results] == list(frame["Name"])  # echoed as it came
     code, summary, err, (results, errors) = _run(capsys, ["local", f"--input={tmp_path}/new.{kind}",
                                                           "--key_field=Name", *common])
     assert code == 0 and not err and "ignored_fields" not in summary, err
     assert [sorted(r) for r in results] == [["key", "prediction"]] * len(frame)
     assert [r["key"] for r in results] == list(frame["Name"])
-    _assert_same_predictions([r["prediction"] for r in results], expected)
+    serving.assert_same_predictions([r["prediction"] for r in results], expected)
   code, summary, err, (results, _) = _run(capsys, ["local", f"--input={tmp_path}/new.jsonl",
                                                    "--excluded_fields=Name,species", *common])
   assert code == 0 and "ignored_fields" not in summary
-  _assert_same_predictions([r["prediction"] for r in results], expected)
+  serving.assert_same_predictions([r["prediction"] for r in results], expected)
   assert results[0]["instance"]["Name"] == frame["Name"][0]  # excluded fields stay in the output's instance
   features = [c for c in rows.columns if c != "species"]
   code, summary, err, (results, _) = _run(capsys, ["local", f"--input={tmp_path}/new.jsonl",
                                                    f"--included_fields={','.join(features)}", *common])
   assert code == 0
-  _assert_same_predictions([r["prediction"] for r in results], expected)
+  serving.assert_same_predictions([r["prediction"] for r in results], expected)
   assert sorted(results[0]["instance"]) == sorted(features)  # the instance as it was sent
+
+
+def test_a_csv_is_read_as_vertex_reads_it(iris_model, tmp_path, capsys):
+  """Vertex sends each CSV row as the list of its values, without the header, reading unquoted values as numbers:
+  a CSV whose columns are not the model's inputs in order (pandas' default, label included) is one line before
+  anything is written; an unquoted word fails its row only; the serving side maps a list by the schema's order."""
+  model_dir, rows = iris_model
+  common = [f"--model_dir={model_dir}", f"--output_dir={tmp_path}/out"]
+  rows.to_csv(tmp_path / "raw.csv", index=False)
+  code, summary, err, _ = _run(capsys, ["local", f"--input={tmp_path}/raw.csv", *common])
+  assert code == 2 and summary is None and not os.path.exists(tmp_path / "out")
+  assert err == (f"error: --input: {tmp_path}/raw.csv has the columns sepal length (cm), sepal width (cm), petal "
+                 "length (cm), petal width (cm), species; Vertex sends each CSV row to the model as the list of its "
+                 "values, without the header, so they must be the model's inputs in order: sepal length (cm), sepal "
+                 "width (cm), petal length (cm), petal width (cm) (or give JSONL: one object per line, by name, other "
+                 "fields ignored)"), err
+  features = rows.drop(columns=["species"]).iloc[:4]
+  text = features.to_csv(index=False, quoting=csv.QUOTE_NONNUMERIC).splitlines()
+  text[2] = "5.9,wide,4.2,1.5"
+  (tmp_path / "words.csv").write_text("\n".join(text) + "\n")
+  code, summary, err, (results, errors) = _run(capsys, ["local", f"--input={tmp_path}/words.csv", *common])
+  assert code == 0 and (summary["predictions"], summary["errors"]) == (3, 1)
+  assert errors[0]["error"]["message"] == (
+      "words.csv line 3: could not convert string to float: 'wide'; Vertex reads an unquoted CSV value as a number: "
+      "put text in double quotes (pandas: to_csv(..., quoting=csv.QUOTE_NONNUMERIC))")
+  model = predict.load(str(model_dir))
+  try:
+    by_list = predict.predict(model, {"instances": [[5.1, 3.5, 1.4, 0.2]]})["predictions"]
+    by_name = predict.predict(model, {"instances": [dict(zip(features.columns, [5.1, 3.5, 1.4, 0.2]))]})
+    assert by_list == by_name["predictions"]
+    with pytest.raises(predict.PredictError, match=r"^instance 0: a list of 3 values \(a CSV row, as Vertex sends "
+                                                   r"one\); the model takes 4, in this order: sepal length \(cm\), "):
+      predict.predict(model, {"instances": [[5.1, 3.5, 1.4]]})
+  finally:
+    model.close()
 
 
 def test_a_key_field_the_model_takes_is_refused_before_anything_is_written(iris_model, tmp_path, capsys):

@@ -148,7 +148,9 @@ def _bad_requests():
        r"^instance 1: 'Regoin' is not an input of the model; did you mean 'region', which this instance lacks\?"),
       ("bad_b64", {"instances": [{**LOYAL, "plan": {"b64": "@@"}}]},
        r"^instance 0: feature 'plan' has a 'b64' value that is not base64$"),
-      ("row_not_object", {"instances": [[1, 2, 3]]}, r"^instance 0: expected an object of feature -> value"),
+      ("row_not_object", {"instances": ["x"]}, r"^instance 0: expected an object of feature -> value"),
+      ("row_a_short_list", {"instances": [[1, 2, 3]]}, r"^instance 0: a list of 3 values \(a CSV row, as Vertex "
+                                                       r"sends one\); the model takes 5, in this order: tenure_months, "),
       ("empty", {"instances": []}, r"^'instances' must be a non-empty list of rows$"),
       ("both_forms", {"instances": [LOYAL], "inputs": {}}, r"^the request must be a JSON object with exactly one"),
       ("neither", {"rows": [LOYAL]}, r"^the request must be a JSON object with exactly one"),
