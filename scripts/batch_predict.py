@@ -200,17 +200,18 @@ def _csv_rows(path: str, text: str) -> Iterator[tuple[str, Any]]:
     next(reader)  # the header (its unquoted names are no numbers)
   lines = text.splitlines()
   while True:
+    first_line = reader.line_num + 1  # where the record starts (a quoted line break makes it span lines)
     try:
       row = next(reader)
     except StopIteration:
       return
     except ValueError as e:
-      where = f"{os.path.basename(path)} line {reader.line_num}"
-      yield where, _BadLine(lines[reader.line_num - 1] if reader.line_num <= len(lines) else "",
+      where = f"{os.path.basename(path)} line {first_line}"
+      yield where, _BadLine("\n".join(lines[first_line - 1:reader.line_num]),
                             f"{where}: {e}; Vertex reads an unquoted CSV value as a number: put text in double "
                             "quotes (pandas: to_csv(..., quoting=csv.QUOTE_NONNUMERIC))")
       continue
-    where = f"{os.path.basename(path)} line {reader.line_num}"
+    where = f"{os.path.basename(path)} line {first_line}"
     if not row:
       continue
     if len(row) != len(header):  # fewer fields than the header, or more
@@ -488,11 +489,19 @@ def check_csv_headers(files: list[str], model: predict.SessionModel, *, key_fiel
     header = [name for name in csv_header(first.decode("utf-8-sig")) if name != key_field]
     as_inputs = [model.columns.input_of.get(name, name) for name in header]
     if not order or as_inputs != order:
+      extra = [name for name, as_input in zip(header, as_inputs) if as_input not in order]
+      rest_in_order = [n for n in as_inputs if n in order] == order
+      if len(extra) == 1 and rest_in_order and extra[0] == model.columns.label:
+        key_hint = f"; leave out the label column {extra[0]!r}"
+      elif len(extra) == 1 and rest_in_order and not key_field:
+        key_hint = f"; if {extra[0]!r} is an id, --key_field={extra[0]} keeps it out of what is sent and in the output"
+      else:
+        key_hint = ""
       raise BatchError(f"--input: {path} has the columns {', '.join(header) or '(none)'}"
                        f"{' (besides the --key_field)' if key_field else ''}; Vertex sends each CSV row to the model "
                        "as the list of its values, without the header, so they must be the model's inputs in "
                        f"order: {', '.join(expected) or '(by name only: this export has no schema.json)'} (or give "
-                       "JSONL: one object per line, by name, other fields ignored)")
+                       f"JSONL: one object per line, by name, other fields ignored){key_hint}")
 
 
 def _submit(args) -> int:

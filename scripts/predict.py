@@ -275,7 +275,9 @@ def _columns_from_rows(model: SessionModel, instances: list, ignored: set[str] |
   single = next(iter(model.inputs)) if len(model.inputs) == 1 else None
   values: dict[str, list] = {name: [] for name in model.inputs}
   for i, row in enumerate(instances):
-    if isinstance(row, list) and single is None:
+    if isinstance(row, list) and single is not None and _one_value_as_list(model, single, row):
+      row = {single: row[0]}
+    elif isinstance(row, list) and single is None:
       row = _positional(model, row, where=f"instance {i}")
     elif not isinstance(row, dict) or (single and single not in row):
       if single is None:
@@ -285,6 +287,13 @@ def _columns_from_rows(model: SessionModel, instances: list, ignored: set[str] |
     for name, value in row.items():
       values[name].append(_to_array(model, name, value, where=f"instance {i}", batched=False))
   return {name: np.stack(column) for name, column in values.items()}
+
+
+def _one_value_as_list(model: SessionModel, name: str, row: list) -> bool:
+  """A model's only input takes one value a row, and the row came as a list of one value (a one-column CSV row, as
+  Vertex sends it), not as the value itself (which a list is for an input of several values a row)."""
+  shape = model.inputs[name][2]
+  return shape is not None and len(shape) == 1 and len(row) == 1 and not isinstance(row[0], list)
 
 
 def _positional(model: SessionModel, values: list, *, where: str) -> dict:

@@ -238,7 +238,12 @@ def test_a_csv_is_read_as_vertex_reads_it(iris_model, tmp_path, capsys):
                  "length (cm), petal width (cm), species; Vertex sends each CSV row to the model as the list of its "
                  "values, without the header, so they must be the model's inputs in order: sepal length (cm), sepal "
                  "width (cm), petal length (cm), petal width (cm) (or give JSONL: one object per line, by name, other "
-                 "fields ignored)"), err
+                 "fields ignored); leave out the label column 'species'"), err
+  named = _with_ids(rows).drop(columns=["species"])
+  named.to_csv(tmp_path / "named.csv", index=False, quoting=csv.QUOTE_NONNUMERIC)
+  code, _, err, _ = _run(capsys, ["local", f"--input={tmp_path}/named.csv", *common])
+  assert code == 2 and err.endswith("fields ignored); if 'Name' is an id, --key_field=Name keeps it out of what is "
+                                    "sent and in the output"), err
   features = rows.drop(columns=["species"]).iloc[:4]
   text = features.to_csv(index=False, quoting=csv.QUOTE_NONNUMERIC).splitlines()
   text[2] = "5.9,wide,4.2,1.5"

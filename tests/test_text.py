@@ -185,6 +185,13 @@ def test_names_are_ids_and_headlines_are_text(tmp_path):
   headlines["category"] = pd.to_datetime(headlines["Date"]).dt.year.astype(str)
   schema, lines = _infer(tmp_path, headlines[["Text", "category"]])
   assert schema.feature("Text").type == "text", lines
+  # Longer names (a maiden name in brackets: 5-6 words) are names still; short lower-case utterances are text.
+  speeches["Name"] = [f"{name} (Mrs. {' '.join(words[:-1])} Smith)" for name, words in zip(speeches["Name"], first_last)]
+  speeches["utterance"] = [" ".join(w.lower() for w in text.split()[:4]) + f" {i}" for i, text in
+                           enumerate(speeches["text"])]
+  schema, lines = _infer(tmp_path, speeches.rename(columns={"party": "category"}).drop(columns=["speaker"]))
+  assert [f.name for f in schema.features] == ["text", "utterance"], lines
+  assert any("'Name' left out" in line for line in lines), lines
 
 
 def test_text_that_repeats_is_still_text(tmp_path):

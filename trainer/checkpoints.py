@@ -67,7 +67,8 @@ class CheckpointKeeper:
       status.assert_consumed()
     except (AssertionError, ValueError, tf.errors.OpError) as e:
       raise UserError(f"--checkpoint_dir: checkpoint {path} does not match this model ({first_line(e)}); it was "
-                      f"written by a different model or different model flags; {_WHAT_TO_DO}") from None
+                      "written by a different model or different model flags: rerun with that run's flags (its "
+                      f"trainer_config.json beside the checkpoints has them), or {_WHAT_TO_DO}") from None
     logging.info("Restored checkpoint %s", path)
     return path
 

@@ -16,8 +16,8 @@ is built. Per column:
   frequent first); the rest map to the out-of-vocabulary id, and so does a missing value. A column whose values
   are mostly unique, or more than 1,000 distinct ones, is free text when they average 3 or more words (a `text` feature: its vocabulary the words
   seen `--vocab_min_count`+ times, its sequence_length the 95th percentile of words per value), else an id,
-  left out with a warning that says how to use it; so is a name (90%+ of the records each with its own value,
-  averaging under 5 words: "Braund, Mr. Owen Harris").
+  left out with a warning that says how to use it; so is a name (90%+ of the records each with its own value of
+  under 8 words on average, 70%+ of them capitalized: "Braund, Mr. Owen Harris").
 - PNG/JPEG bytes (an Example's bytes, `{"b64": ...}` in JSON): an image of the most common size, 255 as max value;
   fixed-length raw uint8 bytes: a square image (1 or 3 channels) with the sample's largest byte as max value.
 - the label: text -> classification over its sorted values; whole numbers >= 0 with at most 20 distinct values ->
@@ -50,7 +50,8 @@ _IMAGE_HEAD_BYTES = 1 << 20  # a JPEG's size marker can follow large EXIF data
 TEXT_MIN_WORDS = 3.0  # mostly unique values averaging this many words are free text, fewer an id
 # ... unless nearly every record has its own value of fewer than NAME_MAX_WORDS words: a name, left out as an id.
 NAME_MIN_UNIQUE_SHARE = 0.9
-NAME_MAX_WORDS = 5.0
+NAME_MAX_WORDS = 8.0
+NAME_MIN_CAPITALIZED = 0.7  # of the words that start with a letter, as names write them
 # Values of 3+ words that repeat (duplicated rows, stock phrases) are still free text past this many distinct ones.
 _MAX_CATEGORIES_OF_WORDS = 1000
 _MAX_SEQUENCE_LENGTH = 512
@@ -501,9 +502,11 @@ def _categorical_feature(column: _Column, config: InferenceConfig, *, log, warn)
   if mostly_unique or distinct > _MAX_CATEGORIES_OF_WORDS:
     words = {value: len(feature_kinds.text_tokens(value)) for value in counts}
     mean_words = sum(words[v] * n for v, n in counts.items()) / sum(counts.values())
-    # A value per record of a few words is a name ("Braund, Mr. Owen Harris"), not free text: it would teach the
-    # model each training row by heart and make serving require it. Headlines (11 words) and reviews stay text.
-    name_like = distinct >= NAME_MIN_UNIQUE_SHARE * column.present and mean_words < NAME_MAX_WORDS
+    # A value per record of a few capitalized words is a name ("Braund, Mr. Owen Harris"), not free text: it would
+    # teach the model each training row by heart and make serving require it. Headlines (11 words), reviews and
+    # short lower-case utterances ("play some jazz") stay text.
+    name_like = (distinct >= NAME_MIN_UNIQUE_SHARE * column.present and mean_words < NAME_MAX_WORDS
+                 and _capitalized_share(counts) >= NAME_MIN_CAPITALIZED)
     if mean_words >= TEXT_MIN_WORDS and not (mostly_unique and name_like):
       return _text_feature(column, words, mean_words, config, log=log)
   if mostly_unique:
@@ -521,6 +524,18 @@ def _categorical_feature(column: _Column, config: InferenceConfig, *, log, warn)
     log(f"schema inference: {name!r}: {len(kept)} of {distinct} values kept in the vocabulary (seen "
         f"{config.vocab_min_count}+ times); the rest map to the out-of-vocabulary id")
   return {"name": name, "type": "string", "vocabulary": kept, "default": ""}
+
+
+def _capitalized_share(counts: dict[str, int]) -> float:
+  """Of the words (split at spaces) that start with a letter, the share that start with a capital one."""
+  letters = capitals = 0
+  for value, n in counts.items():
+    for word in value.split():
+      first = word.lstrip("(\"'")[:1]
+      if first.isalpha():
+        letters += n
+        capitals += n if first.isupper() else 0
+  return capitals / letters if letters else 0.0
 
 
 def _image_uri_feature(column: _Column, *, log) -> dict[str, Any]:
