@@ -286,7 +286,7 @@ def run_local(model: predict.SessionModel, files: list[str], kind: str, output_d
     good = [sent for _, sent, _, why in prepared if why is None]
     for sent in good:
       if isinstance(sent, dict):
-        given.update(model.columns.input_of.get(k, k) for k, v in sent.items() if v is not None)
+        given.update(model.input_for(k) for k, v in sent.items() if v is not None)
       else:
         given.update(model.inputs)  # a bare value or a list: the model's one input
     try:
@@ -440,8 +440,7 @@ def _local(args) -> int:
                        "use --instance_type=object (the default)")
     if kind == "csv":
       check_csv_headers(files, model, key_field=args.config.key_field)
-    key_input = args.config.key_field and (model.columns.input_of.get(args.config.key_field) or
-                                           (args.config.key_field if args.config.key_field in model.inputs else None))
+    key_input = args.config.key_field and model.input_for(args.config.key_field)
     if key_input:
       raise BatchError(f"--key_field={args.config.key_field}: the model takes it as its input "
                        f"{model.columns.describe(key_input)}, and a key field is not sent to the model (as on "
@@ -485,9 +484,9 @@ def check_csv_headers(files: list[str], model: predict.SessionModel, *, key_fiel
   expected = [model.columns.column_of.get(name, name) for name in order]
   for path in files:
     with tf.io.gfile.GFile(path, "rb") as f:
-      first = gzip.decompress(f.read()) if path.endswith(".gz") else f.readline()
+      first = (gzip.GzipFile(fileobj=f) if path.endswith(".gz") else f).readline()  # the header line alone
     header = [name for name in csv_header(first.decode("utf-8-sig")) if name != key_field]
-    as_inputs = [model.columns.input_of.get(name, name) for name in header]
+    as_inputs = [model.input_for(name) or name for name in header]
     if not order or as_inputs != order:
       extra = [name for name, as_input in zip(header, as_inputs) if as_input not in order]
       rest_in_order = [n for n in as_inputs if n in order] == order

@@ -68,6 +68,10 @@ class SessionModel:
     self.outputs = {name: info.name for name, info in signature.outputs.items()}
     self.columns = TrainingColumns.beside(model_dir, self.inputs)
 
+  def input_for(self, field: str) -> str | None:
+    """The input a request's field feeds: by its input name or by the data's column name; None for neither."""
+    return field if field in self.inputs else self.columns.input_of.get(field)
+
   def run(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -204,7 +208,7 @@ def _as_inputs(model: SessionModel, given: dict, *, where: str, rows: int | None
   out: dict = {}
   unknown = []
   for key, value in given.items():
-    name = key if key in model.inputs else columns.input_of.get(key)
+    name = model.input_for(key)
     if name is None:
       if key != columns.label:  # a training row copied with its label is not news
         unknown.append(key)

@@ -42,7 +42,6 @@ def validate_schema_for_format(schema: schema_lib.Schema, source: formats.Source
   if source.format == "parquet":
     from trainer import parquet  # pylint: disable=g-import-not-at-top
 
-    parquet.check_files_agree(files, flag=flag)  # footers only: a file written with other types, before training
     parquet.check_types(files[0], schema, flag=flag)
   if source.format == "csv":
     images = [f.name for f in schema.features if f.type == "image" and not f.uri]
@@ -140,6 +139,12 @@ def check_inputs(config: config_lib.Config) -> Inputs:
     if sources[split].format == "csv":
       sources[split] = csv_columns(sources[split], files[split][0], schema, columns=data_cfg.csv_columns,
                                    multiline=data_cfg.csv_multiline, flag=flag)
+    if sources[split].format == "parquet" and (schema is not None or split != "train"):
+      # Footers only: a part written with other types is named before training (schema inference checks the
+      # training files itself, before it samples them).
+      from trainer import parquet  # pylint: disable=g-import-not-at-top
+
+      parquet.check_files_agree(files[split], flag=flag)
   origin = data_cfg.schema_path
   if schema is None:
     schema, origin = _infer_schema(config, files["train"], sources["train"])
