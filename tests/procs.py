@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -133,3 +134,31 @@ def run_chief_and_worker(log_dir: str, args: Sequence[str], *, env: Mapping[str,
     codes = c.wait(["chief", "worker"], timeout)
     assert codes == {"chief": 0, "worker": 0}, c.log("chief")[-3000:] + c.log("worker")[-3000:]
     return {task: c.log(task) for task in ("chief", "worker")}
+
+
+_in_process_runs = itertools.count(1)
+
+
+@contextlib.contextmanager
+def fresh_collective_keys():
+  """Collective keys of their own for the strategies of one in-process run. TensorFlow caches a collective's
+  parameters by (group key, instance key) for the life of the process, and every MirroredStrategy (and
+  MultiWorkerMirroredStrategy) numbers its collectives from the same start; so a second run in this process with
+  other gradient shapes fails ("Shape mismatch in the collective instance 100 ... expected shape [3267] but
+  another member in the group expected shape [2499]"). One trainer process builds one strategy, so only tests
+  meet this; TensorFlow's own tests move `_collective_key_base` ("Only set this in tests")."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  classes = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
+  saved = [cls.__dict__.get("_collective_key_base") for cls in classes]
+  base = 1_000_000 + next(_in_process_runs) * 100_000
+  for cls in classes:
+    cls._collective_key_base = base  # pylint: disable=protected-access
+  try:
+    yield
+  finally:
+    for cls, value in zip(classes, saved):
+      if value is None:
+        del cls._collective_key_base
+      else:
+        cls._collective_key_base = value  # pylint: disable=protected-access

@@ -56,7 +56,8 @@ def test_config_round_trips_to_json(parse):
      r"^--train_steps and --epochs: give exactly one \(got train_steps=10, epochs=2\)$"),
     (("--train_data=/d", "--output_dir=/o", "--learning_rate=-1"), r"^--learning_rate must be > 0, got -1.0$"),
     (("--train_data=/d", "--output_dir=/o", "--model=not a model"),
-     r"^--model='not a model' is neither a built-in model \(tabular, cnn\) nor an import path "
+     r"^--model='not a model' is neither a built-in model \(tabular, cnn, mobilenet_v3_small, mobilenet_v3_large, "
+     r"efficientnet_b0, efficientnet_b3, efficientnet_v2_b0, resnet50, resnet50_v2\) nor an import path "
      r"'package.module:function'$"),
     (("--train_data=/d", "--output_dir=/o", "--hparams=[1]"), r"^--hparams must be a JSON object, got '\[1\]'$"),
     (("--train_data=/d", "--output_dir=/o", "--hidden_units=a,b"),

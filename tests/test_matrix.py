@@ -27,7 +27,6 @@ import contextlib
 import csv
 import glob
 import io
-import itertools
 import json
 import os
 import re
@@ -177,38 +176,12 @@ def test_each_dataset_holds_its_kind_alone(data):
 # --- running the trainer in this process -----------------------------------------------------------------------
 
 
-_runs = itertools.count(1)
-
-
-@contextlib.contextmanager
-def fresh_collective_keys():
-  """Collective keys of their own for the strategies of one in-process run. TensorFlow caches a collective's
-  parameters by (group key, instance key) for the life of the process, and every MirroredStrategy (and
-  MultiWorkerMirroredStrategy) numbers its collectives from the same start; so a second run in this process with
-  other gradient shapes fails ("Shape mismatch in the collective instance 100 ... expected shape [3267] but
-  another member in the group expected shape [2499]"). One trainer process builds one strategy, so only tests
-  meet this; TensorFlow's own tests move `_collective_key_base` ("Only set this in tests")."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  classes = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
-  saved = [cls.__dict__.get("_collective_key_base") for cls in classes]
-  base = 1_000_000 + next(_runs) * 100_000
-  for cls in classes:
-    cls._collective_key_base = base  # pylint: disable=protected-access
-  try:
-    yield
-  finally:
-    for cls, value in zip(classes, saved):
-      if value is None:
-        del cls._collective_key_base
-      else:
-        cls._collective_key_base = value  # pylint: disable=protected-access
 
 
 def run_trainer(args, env=None) -> tuple[int, list[str], str]:
   """`python -m trainer.task ARGS` in this process: (exit code, its `error:` lines, all it wrote to stderr)."""
   buffer = io.StringIO()
-  with contextlib.redirect_stderr(buffer), fresh_collective_keys():
+  with contextlib.redirect_stderr(buffer), procs.fresh_collective_keys():
     code = procs.run_trainer_in_process(args, env=env)
   err = buffer.getvalue()
   return code, [line for line in err.splitlines() if line.startswith("error:")], err

@@ -77,10 +77,11 @@ def test_csv_text_is_inferred_and_trains_to_the_baseline(reviews, tmp_path):
                               f"--output_dir={out}", "--train_steps=600", "--global_batch_size=64"], timeout=TIMEOUT)
   assert result.returncode == 0, result.stderr[-3000:]
   assert re.search(r"schema inference: 'text' is free text \(\d+ distinct values in 11112 records, [\d.]+ words on "
-                   r"average\): type text, 10000 of \d+ words in its vocabulary", result.stderr)
+                   r"average\): type text, 10000 of \d+ words and 10000 of \d+ word pairs in its vocabulary", result.stderr)
   with open(out / "model" / "schema.json") as f:
     text = schema_lib.parse_schema(json.load(f), source="schema.json").feature("text")
   assert text.type == "text" and text.vocabulary[:3] == ("the", "a", "and") and 16 <= text.sequence_length <= 512
+  assert "of the" in text.bigrams[:5], text.bigrams[:5]
   metrics = _metrics(out)
   assert metrics["eval_examples"] == len(reviews["eval"])
   assert metrics["eval_accuracy"] >= reviews["baseline"] - MARGIN, (metrics, reviews["baseline"])
@@ -216,6 +217,10 @@ def test_a_text_feature_with_missing_values_reads_them_as_empty(tmp_path):
     ({"name": "t", "type": "text", "vocabulary": ["a b"]}, "has vocabulary entry 'a b'"),
     ({"name": "t", "type": "text", "vocabulary": ["a"], "sequence_length": 0}, "has sequence_length 0"),
     ({"name": "t", "type": "text", "vocabulary": ["a"], "default": 0}, "has default 0; expected a string"),
+    ({"name": "t", "type": "text", "vocabulary": ["a"], "bigrams": "a b"}, "has 'bigrams' a b; expected a list"),
+    ({"name": "t", "type": "text", "vocabulary": ["a"], "bigrams": ["a"]}, "has bigram 'a'; a bigram is two tokens"),
+    ({"name": "t", "type": "text", "vocabulary": ["a"], "bigrams": ["a  b"]}, "has bigram 'a  b'"),
+    ({"name": "t", "type": "text", "vocabulary": ["a"], "bigrams": ["[UNK] b"]}, "has bigram '[UNK] b'"),
 ])
 def test_bad_text_schemas_are_one_line(feature, message):
   from trainer.errors import UserError  # pylint: disable=g-import-not-at-top

@@ -19,7 +19,6 @@ OPTIMIZERS = ("adam", "adamw", "sgd", "adagrad", "rmsprop")
 LR_SCHEDULES = ("constant", "cosine", "linear", "exponential")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 EXPORTS = ("last", "best")
-BUILTIN_MODELS = ("tabular", "cnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +87,11 @@ class ModelConfig:
   name: str = "tabular"
   hidden_units: tuple[int, ...] = (64, 32)
   dropout: float = 0.0
+  # Backbone models (trainer/backbones.py): the weights, and the step from which the backbone learns too, at the
+  # learning rate times the factor (None: half of the run, filled in by `backbones.resolved`).
+  backbone_weights: str | None = None  # a weights file, "imagenet" (the default) or "none"
+  fine_tune_at_step: int | None = None
+  fine_tune_learning_rate_factor: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,10 +184,6 @@ def validate(config: Config) -> None:
     raise UserError(f"--dropout must be in [0, 1), got {config.model.dropout}")
   if not config.model.hidden_units or any(u <= 0 for u in config.model.hidden_units):
     raise UserError(f"--hidden_units must be positive integers, got {list(config.model.hidden_units)}")
-  model_name = config.model.name
-  if model_name not in BUILTIN_MODELS and not _is_import_path(model_name):
-    raise UserError(f"--model={model_name!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) "
-                    "nor an import path 'package.module:function'")
   if config.data.infer_sample_rows < 1:
     raise UserError(f"--infer_sample_rows must be a positive integer, got {config.data.infer_sample_rows}")
   if config.data.preflight_records < 1:
@@ -232,9 +232,3 @@ def _validate_recipe(train: TrainConfig) -> None:
 def _positive(flag: str, value: int) -> None:
   if value is None or value <= 0:
     raise UserError(f"{flag} must be a positive integer, got {value}")
-
-
-def _is_import_path(name: str) -> bool:
-  module, sep, attr = name.partition(":")
-  return bool(sep) and bool(attr) and all(part.isidentifier() for part in module.split(".")) and attr.isidentifier()
-

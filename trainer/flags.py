@@ -13,6 +13,7 @@ from absl import flags
 
 from trainer import config as config_lib
 from trainer import hparams as hparams_lib
+from trainer import model_registry
 from trainer import objective as objective_lib
 from trainer import paths
 from trainer import schema as schema_lib
@@ -77,9 +78,17 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                        "shuffle, ordered interleave): reproducible weights, slightly slower input. Not under "
                        "parameter servers (asynchronous: refused there).", **fv)
   # Model.
-  flags.DEFINE_string("model", "tabular", "Built-in model (tabular, cnn) or 'package.module:build_fn'.", **fv)
+  flags.DEFINE_string("model", "tabular", "Built-in model (tabular, cnn, or a backbone: mobilenet_v3_small, mobilenet_v3_large, efficientnet_b0, "
+                      "efficientnet_b3, efficientnet_v2_b0, resnet50, resnet50_v2) or 'package.module:build_fn'.", **fv)
   flags.DEFINE_list("hidden_units", ["64", "32"], "Hidden layer sizes of the built-in models.", **fv)
-  flags.DEFINE_float("dropout", 0.0, "Dropout rate of the built-in models.", **fv)
+  flags.DEFINE_float("dropout", 0.0, "Dropout rate of the built-in models (backbone models: 0.2 unless given).", **fv)
+  flags.DEFINE_string("backbone_weights", None, "Backbone models (--model=mobilenet_v3_small, efficientnet_b0, "
+                      "resnet50, ...): the backbone's weights, a file (local, /gcs/ or gs://; .weights.h5, or the .h5 "
+                      "Keras Applications download), imagenet (Keras downloads them; the default) or none.", **fv)
+  _define_integer("fine_tune_at_step", None, "Backbone models: the step from which the backbone learns too (before "
+                  "it, only the new head; default half of the run; 0: from the start).", **fv)
+  flags.DEFINE_float("fine_tune_learning_rate_factor", None, "Backbone models: the learning rate is multiplied by "
+                     "this from --fine_tune_at_step on (default 0.01).", **fv)
   flags.DEFINE_string("hparams", "{}", "JSON object of extra hyperparameters passed to a plug-in build_fn.", **fv)
   # Training.
   _define_integer("global_batch_size", 256, "Examples per step across all replicas.", **fv)
@@ -104,7 +113,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                       f"({', '.join(objective_lib.HIGHER_IS_BETTER)}) has not improved for --early_stopping_patience "
                       "evaluations.", **fv)
   _define_integer("early_stopping_patience", None, "Evaluations without improvement before stopping "
-                  "(default 3 with --early_stopping_metric).", **fv)
+                  "(default 3 with --early_stopping_metric; given alone, the eval loss is watched).", **fv)
   flags.DEFINE_enum("export", "last", config_lib.EXPORTS, "Export the weights of the last step, or of the best "
                     "periodic evaluation (by --early_stopping_metric, else loss).", **fv)
   flags.DEFINE_enum("precision", "float32", config_lib.PRECISIONS, "Compute dtype policy: mixed_float16 (GPUs; "
@@ -206,7 +215,10 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment, *,
           infer_sample_rows=values.infer_sample_rows,
           preflight_records=values.preflight_records,
       ),
-      model=config_lib.ModelConfig(name=values.model, hidden_units=hidden_units, dropout=values.dropout),
+      model=config_lib.ModelConfig(name=values.model, hidden_units=hidden_units, dropout=values.dropout,
+                                   backbone_weights=values.backbone_weights,
+                                   fine_tune_at_step=values.fine_tune_at_step,
+                                   fine_tune_learning_rate_factor=values.fine_tune_learning_rate_factor),
       train=config_lib.TrainConfig(
           global_batch_size=values.global_batch_size,
           train_steps=train_steps,
@@ -229,7 +241,9 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment, *,
           clip_norm=values.clip_norm,
           class_weights=values.class_weights,
           eval_every_steps=values.eval_every_steps,
-          early_stopping_metric=values.early_stopping_metric,
+          # --early_stopping_patience alone watches the eval loss.
+          early_stopping_metric=values.early_stopping_metric or (
+              "loss" if values.early_stopping_patience is not None else None),
           early_stopping_patience=(values.early_stopping_patience if values.early_stopping_patience is not None
                                    or values.early_stopping_metric is None else 3),
           export=values.export,
@@ -246,6 +260,7 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment, *,
                if check_model else _parse_hparams(values.hparams)),
   )
   config_lib.validate(config)
+  model_registry.validate(config.model)
   return config
 
 

@@ -29,7 +29,8 @@ from trainer.errors import first_line
 
 DECLARATION = "HPARAMS"
 # The trainer's flags that only the built-in models read (`models.build_tabular`, `models.build_cnn`).
-BUILT_IN_MODEL_FLAGS = ("hidden_units", "dropout")
+BUILT_IN_MODEL_FLAGS = ("hidden_units", "dropout", "backbone_weights", "fine_tune_at_step",
+                        "fine_tune_learning_rate_factor")
 _TYPES = {bool: "a bool (true/false)", int: "an int", float: "a float", str: "a string"}
 
 

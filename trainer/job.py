@@ -9,12 +9,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+from trainer import backbones
 from trainer import cluster as cluster_lib
 from trainer import config as config_lib
 from trainer import formats
 from trainer import hypertune
 from trainer import input_pipeline
-from trainer import models
+from trainer import model_registry
 from trainer import plan as plan_lib
 from trainer import preflight
 from trainer import schema as schema_lib
@@ -110,10 +111,11 @@ def build_job(config: config_lib.Config, plan: plan_lib.Plan, inputs: preflight.
               env: config_lib.Environment | None = None, interactive: bool = False, peer_watchdog: Any = None) -> Job:
   """The `Job` for this process: its data, the model builder for the schema, and where each periodic evaluation
   is reported (the chief's, to hyperparameter tuning with --hypertune_metric and --eval_every_steps)."""
-  build = models.resolve_builder(config.model.name)
+  build = model_registry.resolve_builder(config.model.name)
+  train_steps = preflight.total_steps(config, inputs)
   return Job(config=config, inputs=inputs, strategy=strategy, choice=plan.choice, role=plan.role,
-             train_steps=preflight.total_steps(config, inputs), interactive=interactive,
-             build_model=lambda: build(inputs.schema, config.model, config.hparams), peer_watchdog=peer_watchdog,
+             train_steps=train_steps, interactive=interactive,
+             build_model=lambda: build(inputs.schema, backbones.resolved(config.model, train_steps), config.hparams), peer_watchdog=peer_watchdog,
              report_eval=_hypertune_reporter(config, env or config_lib.Environment(), plan.role))
 
 

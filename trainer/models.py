@@ -1,4 +1,5 @@
-"""Model builders: the built-in tabular and image models, and the hook for a user's own.
+"""Model builders: the built-in tabular and CNN models, and the hook for a user's own (`model_registry` maps
+--model to them; the transfer-learning backbones are `backbones`).
 
 Every builder takes the schema and returns an uncompiled Keras model whose inputs are named after the
 schema's features (`Feature.input_name`: the column name with characters outside [A-Za-z0-9_.-] as "_") and
@@ -18,9 +19,10 @@ A plug-in is `--model=package.module:build_fn`:
   Returns:
     An uncompiled Keras model taking a dict of encoded features keyed by `feature.input_name` (strings
     arrive as int64 ids, 0 for out-of-vocabulary, i + 1 for vocabulary entry i; free text as the raw string,
-    with the feature's token `vocabulary` and `sequence_length` at hand) and returning logits of
-    shape (batch, num_classes) for classification or (batch,) / (batch, 1) for regression. It is run on one
-    batch built from the schema before training (`check_outputs`); what does not fit is one error line.
+    with the feature's token `vocabulary`, `bigrams` and `sequence_length` at hand, and `bag_of_words` below)
+    and returning logits of shape (batch, num_classes) for classification or (batch,) / (batch, 1) for
+    regression. It is run on one batch built from the schema before training (`check_outputs`); what does not
+    fit is one error line.
 """
 
 from __future__ import annotations
@@ -52,12 +54,9 @@ def keras_version() -> str:
   return tf_keras.__version__
 
 
-def resolve_builder(name: str) -> Callable[..., Any]:
-  """Returns a `build(schema, model_config, hparams)` callable; import errors become UserError."""
-  if name == "tabular":
-    return build_tabular
-  if name == "cnn":
-    return build_cnn
+def plugin_builder(name: str) -> Callable[..., Any]:
+  """A `build(schema, model_config, hparams)` callable for `--model=package.module:build_fn` (the built-in models:
+  `model_registry`); import errors become UserError."""
   module_name, _, attr = name.partition(":")
   try:
     module = importlib.import_module(module_name)
@@ -429,7 +428,7 @@ def build_tabular(schema: schema_lib.Schema, model_config: config_lib.ModelConfi
     elif feature.type == "image":
       x = layers.Flatten()(layers.Rescaling(feature.image_scale)(x))
     elif feature.type == "text":
-      x = _bag_of_words(feature, x)
+      x = bag_of_words(feature, x)
     else:
       x = layers.Reshape((feature.values_per_example,))(x)
       if feature.mean is not None and feature.std is not None:
@@ -441,11 +440,11 @@ def build_tabular(schema: schema_lib.Schema, model_config: config_lib.ModelConfi
     x = layers.Dense(units, activation="relu")(x)
     if model_config.dropout:
       x = layers.Dropout(model_config.dropout)(x)
-  outputs = _in_label_units(layers.Dense(output_units(schema), name="output", dtype="float32")(x), schema)
+  outputs = in_label_units(layers.Dense(output_units(schema), name="output", dtype="float32")(x), schema)
   return tf.keras.Model(inputs, outputs, name="tabular")
 
 
-def _in_label_units(outputs, schema: schema_lib.Schema):
+def in_label_units(outputs, schema: schema_lib.Schema):
   """A regression output scaled from the standardized label the layers learn to the label's units (the schema's
   mean and std): the last layer starts near the mean at the label's spread, so training moves at defaults and
   predictions are served in the label's own units. Classification logits pass unchanged. (The Dense before it is
@@ -458,12 +457,15 @@ def _in_label_units(outputs, schema: schema_lib.Schema):
   return tf.keras.layers.Rescaling(label.std or 1.0, offset=label.mean, name="label_units", dtype="float32")(outputs)
 
 
-def _bag_of_words(feature: schema_lib.Feature, text):
-  """Which of the vocabulary's words the text holds (multi-hot, one slot for the rest), as TF Serving can run it:
-  Keras' TextVectorization over the schema's vocabulary, tokenizing as schema inference did."""
+def bag_of_words(feature: schema_lib.Feature, text):
+  """Which of the vocabulary's words and word pairs the text holds (multi-hot, one slot for the rest), as TF
+  Serving can run it: Keras' TextVectorization over the schema's vocabulary and bigrams, tokenizing as schema
+  inference did."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  vectorize = tf.keras.layers.TextVectorization(vocabulary=list(feature.vocabulary), output_mode="multi_hot",
+  bigrams = list(feature.bigrams or ())
+  vectorize = tf.keras.layers.TextVectorization(vocabulary=list(feature.vocabulary) + bigrams,
+                                                ngrams=2 if bigrams else None, output_mode="multi_hot",
                                                 name=f"{feature.input_name}_words")
   return vectorize(text)
 
@@ -480,7 +482,11 @@ def _standardization(feature: schema_lib.Feature):
 
 def build_cnn(schema: schema_lib.Schema, model_config: config_lib.ModelConfig,
               hparams: Mapping[str, Any] | None = None):
-  """A small convolutional network over the schema's first image feature."""
+  """A small convolutional network over the schema's first image feature: blocks of two 3x3 convolutions and a 2x2
+  max-pool, 32 filters doubling per block up to 128, until the feature map is at most 8x8; then its pixels
+  flattened (where the digit or object is matters: global average pooling throws that away and learned less than
+  logistic regression on the pixels) into the hidden layers. No batch normalization: a short run's moving
+  statistics would not have settled by the evaluation."""
   del hparams
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -490,16 +496,25 @@ def build_cnn(schema: schema_lib.Schema, model_config: config_lib.ModelConfig,
   layers = tf.keras.layers
   image = model_inputs(schema)[images[0].input_name]
   x = layers.Rescaling(images[0].image_scale)(image)
-  for filters in (16, 32):
+  height, width = images[0].shape[:2]
+  filters = 32
+  while True:
     x = layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
-    x = layers.MaxPooling2D()(x)
-  x = layers.GlobalAveragePooling2D()(x)
+    x = layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
+    if max(height, width) <= _CNN_FLATTEN_SIZE:
+      break
+    x = layers.MaxPooling2D(padding="same")(x)  # odd sides round up, as `height` below does
+    height, width, filters = (height + 1) // 2, (width + 1) // 2, min(2 * filters, 128)
+  x = layers.Flatten()(x)
   for units in model_config.hidden_units:
     x = layers.Dense(units, activation="relu")(x)
     if model_config.dropout:
       x = layers.Dropout(model_config.dropout)(x)
-  outputs = _in_label_units(layers.Dense(output_units(schema), name="output", dtype="float32")(x), schema)
+  outputs = in_label_units(layers.Dense(output_units(schema), name="output", dtype="float32")(x), schema)
   return tf.keras.Model({images[0].input_name: image}, outputs, name="cnn")
+
+
+_CNN_FLATTEN_SIZE = 8  # the feature map's largest side when the convolutions end and its pixels are flattened
 
 
 def input_names(model) -> list[str] | None:

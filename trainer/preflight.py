@@ -20,6 +20,7 @@ from trainer import config as config_lib
 from trainer import export
 from trainer import features as features_lib
 from trainer import formats
+from trainer import model_registry
 from trainer import paths
 from trainer import recipe
 from trainer import schema as schema_lib
@@ -153,8 +154,9 @@ def check_inputs(config: config_lib.Config) -> Inputs:
     check_first_record(files[split][0], sources[split], schema, flag=flag)
   for split, (flag, _) in splits.items():
     check_split(files[split], sources[split], schema, flag=flag, budget=data_cfg.preflight_records)
-  if config.model.name == "cnn" and not any(f.type == "image" for f in schema.features):
-    raise UserError("--model=cnn needs an image feature in the schema (type 'image'); use --model=tabular")
+  if config.model.name in model_registry.IMAGE_MODELS and not any(f.type == "image" for f in schema.features):
+    raise UserError(f"--model={config.model.name} needs an image feature in the schema (type 'image'); use "
+                    "--model=tabular")
   for split, (flag, _) in splits.items():
     logging.info("%s: %d file(s) of %s", flag, len(files[split]), sources[split].describe())
   recipe.check_for_schema(config.train, schema)

@@ -20,6 +20,7 @@ strategy. What needs care under `tf.distribute`:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any, Iterable, Sequence
@@ -35,12 +36,21 @@ _DEFAULT_DECAY_TO = {"cosine": 0.0, "linear": 0.0, "exponential": 0.01}
 
 
 def lr_at(step: float, *, peak: float, schedule: str, warmup_steps: int, total_steps: int,
-          decay_to: float | None = None) -> float:
+          decay_to: float | None = None, fine_tune: FineTune | None = None) -> float:
   """The learning rate after `step` updates, in plain Python (the graph version below computes the same)."""
+  factor = fine_tune.factor if fine_tune is not None and step >= fine_tune.at_step else 1.0
   if warmup_steps and step < warmup_steps:
-    return peak * (step + 1) / warmup_steps
-  return peak * _decay_factor(min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps)), schedule,
-                              _decay_to(schedule, decay_to), math)
+    return factor * peak * (step + 1) / warmup_steps
+  return factor * peak * _decay_factor(min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps)),
+                                       schedule, _decay_to(schedule, decay_to), math)
+
+
+@dataclasses.dataclass(frozen=True)
+class FineTune:
+  """A backbone model's second phase (trainer/backbones.py): from `at_step` on, the rate times `factor`."""
+
+  at_step: int
+  factor: float
 
 
 def _decay_to(schedule: str, decay_to: float | None) -> float:
@@ -58,9 +68,10 @@ def _decay_factor(progress, schedule: str, final: float, ops):
   return 1.0 + 0 * progress
 
 
-def learning_rate(train: config_lib.TrainConfig, total_steps: int):
-  """--learning_rate as a float, or a Keras LearningRateSchedule for --lr_schedule / --warmup_steps."""
-  if train.lr_schedule == "constant" and not train.warmup_steps:
+def learning_rate(train: config_lib.TrainConfig, total_steps: int, fine_tune: FineTune | None = None):
+  """--learning_rate as a float, or a Keras LearningRateSchedule for --lr_schedule / --warmup_steps and a backbone
+  model's fine-tuning phase."""
+  if train.lr_schedule == "constant" and not train.warmup_steps and fine_tune is None:
     return train.learning_rate
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -74,14 +85,16 @@ def learning_rate(train: config_lib.TrainConfig, total_steps: int):
     def __call__(self, step):
       step = tf.cast(step, tf.float32)
       progress = tf.clip_by_value((step - warmup) / decay_steps, 0.0, 1.0)
-      decayed = peak * _decay_factor(progress, schedule, final, tf.math)
-      if not warmup:
-        return decayed
-      return tf.where(step < warmup, peak * (step + 1) / warmup, decayed)
+      rate = peak * _decay_factor(progress, schedule, final, tf.math)
+      if warmup:
+        rate = tf.where(step < warmup, peak * (step + 1) / warmup, rate)
+      if fine_tune is not None:
+        rate = tf.where(step >= fine_tune.at_step, fine_tune.factor * rate, rate)
+      return rate
 
     def get_config(self):
       return {"peak": peak, "schedule": schedule, "warmup_steps": warmup, "total_steps": total_steps,
-              "decay_to": final}
+              "decay_to": final, "fine_tune": dataclasses.asdict(fine_tune) if fine_tune else None}
 
   return WarmupThenDecay()
 
@@ -96,14 +109,15 @@ def current_learning_rate(optimizer) -> float:
   return float(tf.convert_to_tensor(optimizer.learning_rate))
 
 
-def make_optimizer(train: config_lib.TrainConfig, total_steps: int, *, keras_version: str):
-  """The optimizer --optimizer names, with the schedule, weight decay, clipping and (mixed_float16) loss
-  scaling. Build it inside `strategy.scope()`."""
+def make_optimizer(train: config_lib.TrainConfig, total_steps: int, *, keras_version: str,
+                   fine_tune: FineTune | None = None):
+  """The optimizer --optimizer names, with the schedule (and a backbone model's fine-tuning phase), weight decay,
+  clipping and (mixed_float16) loss scaling. Build it inside `strategy.scope()`."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   classes = {"adam": tf.keras.optimizers.Adam, "adamw": tf.keras.optimizers.AdamW, "sgd": tf.keras.optimizers.SGD,
              "adagrad": tf.keras.optimizers.Adagrad, "rmsprop": tf.keras.optimizers.RMSprop}
-  kwargs: dict[str, Any] = {"learning_rate": learning_rate(train, total_steps)}
+  kwargs: dict[str, Any] = {"learning_rate": learning_rate(train, total_steps, fine_tune)}
   weight_decay = train.weight_decay
   if weight_decay is None and train.optimizer == "adamw":
     weight_decay = ADAMW_DEFAULT_WEIGHT_DECAY

@@ -31,6 +31,7 @@ from trainer import ownership
 from trainer import paths
 from trainer import peers
 from trainer import hypertune
+from trainer import model_registry
 from trainer import models
 from trainer import parquet
 from trainer import plan as plan_lib
@@ -79,7 +80,7 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
                        ("--tensorboard_dir", config.output.tensorboard_dir)):
       storage.check_writable(path, flag=flag)
     export.check_model_dir(config.output.model_dir, checkpoint_dir=config.output.checkpoint_dir)
-  models.resolve_builder(config.model.name)  # a --model that does not import fails here, before any wait
+  model_registry.resolve_builder(config.model.name)  # a --model that does not import fails here, before any wait
   preemption.honour_pending_sigterm("during pre-flight")
   plan = _when_training_is_done(plan, config)
   if plan is None:

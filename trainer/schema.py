@@ -27,8 +27,9 @@ Optional keys, all also written by schema inference (`python -m trainer.schema_i
   1.0 (default 255; digits scanned 0..16 want 16).
 - on a text feature: `"vocabulary"`: its tokens, most frequent first, as Keras' `TextVectorization` splits text
   (ASCII lower-cased, punctuation stripped, split at whitespace; `feature_kinds.text_tokens` in Python), and
-  `"sequence_length"` (default 64): the tokens a sequence model keeps per example. The built-in models read the
-  text as a bag of these words; a plug-in gets the raw string and builds its own
+  `"sequence_length"` (default 64): the tokens a sequence model keeps per example; optionally `"bigrams"`: word
+  pairs ("not bad", two tokens and one space), most frequent first. The built-in models read the text as a bag of
+  these words and word pairs; a plug-in gets the raw string and builds its own
   `TextVectorization(vocabulary=feature.vocabulary, output_sequence_length=feature.sequence_length)`.
 - on the label: `"type": "string"` with a `"vocabulary"` of class names (class i is vocabulary entry i), and
   `"multi_label": true` when each record holds a list of them (Vertex's multi-label export: each class an
@@ -76,6 +77,7 @@ class Feature:
   encoding: str | None = None  # images only
   max_value: float | None = None  # images only
   sequence_length: int | None = None  # text only: tokens kept per example by a sequence model
+  bigrams: tuple[str, ...] | None = None  # text only: word pairs ("a b") the built-in models also look up
   uri: bool = False  # images and text: the column holds the URI of a file whose bytes are the value
 
   @property
@@ -166,13 +168,13 @@ def parse_schema(value: Any, *, source: str) -> Schema:
       raise UserError(f"schema {source}: feature {name!r} has type {kind!r}; expected one of "
                       f"{', '.join(FEATURE_TYPES)}")
     vocabulary = raw.get("vocabulary")
-    sequence_length = None
+    sequence_length = bigrams = None
     if kind == "string":
       if not isinstance(vocabulary, list) or not vocabulary or not all(isinstance(v, str) for v in vocabulary):
         raise UserError(f"schema {source}: string feature {name!r} needs a non-empty 'vocabulary' of strings")
       vocabulary = tuple(vocabulary)
     elif kind == "text":
-      vocabulary, sequence_length = _text_settings(raw, name=name, source=source)
+      vocabulary, sequence_length, bigrams = _text_settings(raw, name=name, source=source)
     else:
       vocabulary = None
     shape = raw.get("shape")
@@ -225,7 +227,7 @@ def parse_schema(value: Any, *, source: str) -> Schema:
       default = int(default) if kind == "int" else float(default) if kind == "float" else default
     features.append(Feature(name=name, type=kind, vocabulary=vocabulary, shape=shape, mean=mean, std=std,
                             default=default, encoding=encoding, max_value=max_value,
-                            sequence_length=sequence_length, uri=uri))
+                            sequence_length=sequence_length, bigrams=bigrams, uri=uri))
   raw_label = value["label"]
   if not isinstance(raw_label, dict) or not isinstance(raw_label.get("name"), str):
     raise UserError(f"schema {source}: 'label' needs a 'name'")
@@ -285,8 +287,9 @@ def parse_schema(value: Any, *, source: str) -> Schema:
                 csv_columns=csv_columns)
 
 
-def _text_settings(raw: dict[str, Any], *, name: str, source: str) -> tuple[tuple[str, ...], int]:
-  """A text feature's token vocabulary and sequence length, checked."""
+def _text_settings(raw: dict[str, Any], *, name: str,
+                   source: str) -> tuple[tuple[str, ...], int, tuple[str, ...] | None]:
+  """A text feature's token vocabulary, sequence length and word pairs, checked."""
   vocabulary = raw.get("vocabulary")
   if (not isinstance(vocabulary, list) or not vocabulary or not all(isinstance(v, str) for v in vocabulary)
       or len(set(vocabulary)) != len(vocabulary)):
@@ -302,7 +305,19 @@ def _text_settings(raw: dict[str, Any], *, name: str, source: str) -> tuple[tupl
   if not isinstance(sequence_length, int) or isinstance(sequence_length, bool) or sequence_length < 1:
     raise UserError(f"schema {source}: text feature {name!r} has sequence_length {sequence_length!r}; expected a "
                     "positive integer")
-  return tuple(vocabulary), sequence_length
+  bigrams = raw.get("bigrams")
+  if bigrams is not None:
+    if (not isinstance(bigrams, list) or not all(isinstance(b, str) for b in bigrams)
+        or len(set(bigrams)) != len(bigrams)):
+      raise UserError(f"schema {source}: text feature {name!r} has 'bigrams' {str(bigrams)[:80]}; expected a list of "
+                      "distinct word pairs, each two tokens and one space between (\"not bad\")")
+    bad = [b for b in bigrams if len(b.split(" ")) != 2 or not all(b.split(" "))
+           or any(c in "\t\n\r\f\v" for c in b) or any(t in RESERVED_TOKENS for t in b.split(" "))]
+    if bad:
+      raise UserError(f"schema {source}: text feature {name!r} has bigram {bad[0]!r}; a bigram is two tokens and "
+                      "one space between (\"not bad\"), neither token reserved")
+    bigrams = tuple(bigrams)
+  return tuple(vocabulary), sequence_length, bigrams
 
 
 def safe_name(column: str) -> str:

@@ -11,6 +11,7 @@ from typing import Callable
 
 from absl import logging
 
+from trainer import backbones
 from trainer import models
 from trainer import objective as objective_lib
 from trainer import recipe
@@ -37,7 +38,8 @@ def build_model_and_optimizer(job: Job):
       if cfg.precision == "mixed_float16" and not isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer):
         optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
     else:
-      optimizer = recipe.make_optimizer(cfg, job.train_steps, keras_version=models.keras_version())
+      optimizer = recipe.make_optimizer(cfg, job.train_steps, keras_version=models.keras_version(),
+                                        fine_tune=backbones.fine_tune(job.config.model, job.train_steps))
     # Built inside the scope: an optimizer built later keeps non-mirrored slot variables.
     optimizer.build(model.trainable_variables)
   return model, optimizer
