@@ -1,6 +1,6 @@
 """The built-in models against the classic baselines, on public data the project did not make, on the same split.
 
-    .venv/bin/python -m scripts.bench_models                  # every dataset, 3 seeds each (about 3 minutes)
+    .venv/bin/python -m scripts.bench_models                  # every dataset, 3 seeds each (about 2.5 minutes)
     .venv/bin/python -m scripts.bench_models --only=digits    # one of them
 
 For each dataset the data is written the way a user has it (CSV by pandas, PNG files in one folder per class by
@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> None:
                 f"{sum(s for _, s in runs) / len(runs):.0f} s a run | {baseline:.3f} ({baseline_name}) | "
                 f"{mean - baseline:+.3f} |")
     print(rows[-1], flush=True)
-  print(f"\n| data | built-in model | eval accuracy, mean of {len(seeds)} seed(s) (range) | baseline, same split | "
-        "difference |")
+  print(f"\n| data | built-in model | eval accuracy, mean of {len(seeds)} seed{'s' if len(seeds) > 1 else ''} "
+        "(range) | baseline, same split | difference |")
   print("| --- | --- | --- | --- | --- |")
   print("\n".join(rows))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -110,27 +111,31 @@ def _train_four_steps(weights_file, distribute: str) -> None:
 
 
 @pytest.mark.long
-@pytest.mark.parametrize("loop,legacy_h5", [("custom", False), ("fit", True)])
-def test_a_backbone_from_a_weights_file_trains_exports_and_serves(weights_file, tmp_path, loop, legacy_h5):
-  """Digits as PNG files in class folders, a MobileNetV3Small from a weights file (Keras 3's, or the legacy .h5
-  Keras Applications download), 6 steps (3 frozen, 3 fine-tuning): the export takes the PNG bytes as they are
-  (resized, to RGB and preprocessed inside the SavedModel), and the TF Serving loader answers as
-  tf.saved_model.load does."""
+@pytest.mark.parametrize("loop,weights_from", [("custom", "gs"), ("fit", "legacy_h5")])
+def test_a_backbone_from_a_weights_file_trains_exports_and_serves(weights_file, gcs, tmp_path, loop, weights_from):
+  """Digits as PNG files in class folders, a MobileNetV3Small from a weights file (Keras 3's, read from the emulated
+  bucket; or the legacy .h5 Keras Applications download), 6 steps (3 frozen, 3 fine-tuning): the export takes the
+  PNG bytes as they are (resized, to RGB and preprocessed inside the SavedModel), and the TF Serving loader answers
+  as tf.saved_model.load does."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   from public_data import write_digit_files  # pylint: disable=g-import-not-at-top  (pandas: not in the smoke venv)
 
   data = tmp_path / "digits"
   frame = write_digit_files(str(data), class_folders=True)
-  weights = tmp_path / "weights_mobilenet_v3_small_224_1.0_float_no_top_v2.h5"
-  if legacy_h5:
-    _save_weights("MobileNetV3Small", str(weights), legacy_h5=True)
+  if weights_from == "legacy_h5":
+    weights = str(tmp_path / "weights_mobilenet_v3_small_224_1.0_float_no_top_v2.h5")
+    _save_weights("MobileNetV3Small", weights, legacy_h5=True)
   else:
-    weights = weights_file[0]
+    weights = f"gs://test-bucket/backbones/{tmp_path.name}/mobilenet_v3_small.weights.h5"
+    tf.io.gfile.copy(weights_file[0], weights)
   out = tmp_path / "out"
   result = procs.run_trainer([f"--train_data={data}/", f"--output_dir={out}", "--model=mobilenet_v3_small",
                               f"--backbone_weights={weights}", "--train_steps=6", "--fine_tune_at_step=3",
                               "--global_batch_size=8", "--eval_steps=2", f"--loop={loop}",
-                              "--checkpoint_every_steps=3"], timeout=TIMEOUT)
+                              "--checkpoint_every_steps=3"], env=gcs.env, timeout=TIMEOUT)
   assert result.returncode == 0, result.stderr[-3000:]
+  assert re.search(r"step 6/6 .*learning_rate=1e-05", result.stderr), result.stderr[-3000:]  # fine-tuning's rate
   with open(out / "model" / "eval_metrics.json") as f:
     assert json.load(f)["final_step"] == 6
   instances = []
@@ -151,10 +156,16 @@ def test_backbone_flags_are_checked_before_anything_runs(weights_file, tmp_path)
        "error: --backbone_weights: only backbone models take it (--model=mobilenet_v3_small or"),
       (["--model=mobilenet_v3_small", "--fine_tune_learning_rate_factor=2"],
        "error: --fine_tune_learning_rate_factor must be in (0, 1], got 2.0"),
+      (["--model=mobilenet_v3_small", "--fine_tune_at_step=2"],
+       "error: --fine_tune_at_step=2 is not before the last step (--train_steps=2): the backbone would never learn"),
+      (["--model=resnet50_v2", "--hidden_units=128"],
+       "error: --hidden_units: --model=resnet50_v2 has a linear head over the backbone's pooled features"),
       (["--model=mobilenet_v3_small", f"--backbone_weights={tmp_path}/missing.h5"],
        f"error: --backbone_weights={tmp_path}/missing.h5: no such file; give a MobileNetV3Small weights file"),
       (["--model=efficientnet_b0", f"--backbone_weights={weights_file[0]}"],
        f"error: --backbone_weights={weights_file[0]}: not the weights of --model=efficientnet_b0 (EfficientNetB0"),
+      (["--model=mobilenet_v3_small", f"--backbone_weights={data}/digit_0/0000.png"],  # not a weights file at all
+       f"error: --backbone_weights={data}/digit_0/0000.png: not the weights of --model=mobilenet_v3_small"),
       (["--model=mobilenet_v3_small"],  # the default, imagenet: Keras' download, which this machine cannot make
        "error: --backbone_weights=imagenet: Keras could not download MobileNetV3Small's ImageNet weights"),
   ]

@@ -289,7 +289,8 @@ def _bad_cases(churn_data, tmp_path):
       ("class_weights_unknown_class", good + ['--class_weights={"7": 2}'], {},
        r"^error: --class_weights=\{\"7\": 2\}: '7' is not a class of label 'churned' \(classes: 0\.\.1\)$"),
       ("early_stopping_without_evals", good + ["--early_stopping_metric=auc"], {},
-       r"^error: --early_stopping_metric need\(s\) periodic evaluation: pass --eval_every_steps=N"),
+       r"^error: early stopping \(--early_stopping_metric, --early_stopping_patience\) need\(s\) periodic "
+       r"evaluation: pass --eval_every_steps=N"),
       ("early_stopping_metric_of_another_task", good + ["--eval_every_steps=10", "--early_stopping_metric=mae"], {},
        r"^error: --early_stopping_metric=mae: not an eval metric of this classification task; available: loss, "
        r"accuracy, auc, precision, recall$"),

@@ -5,7 +5,8 @@
   image (the schema's shape, pixels 0..max_value) -> 0..255 -> 3 channels (a greyscale image repeated) ->
   resized to the backbone's input size -> the backbone's own preprocessing -> the backbone (include_top=False,
   average pooling, its batch normalization in inference mode, so its statistics stay the pretrained ones, as the
-  Keras transfer-learning guide does) -> dropout -> the output layer.
+  Keras transfer-learning guide does) -> dropout (--dropout; the guide's is 0.2) -> the output layer, a linear head
+  (--hidden_units is refused: a head of its own is a plug-in's).
 
 Everything from the raw pixels on is inside the model, so the SavedModel it exports takes the image as the other
 built-in models do and serves it with no preprocessing of the caller's. The weights come from
@@ -28,7 +29,10 @@ import dataclasses
 import functools
 import os
 import tempfile
+import warnings
 from typing import Any, Mapping
+
+from absl import logging
 
 from trainer import config as config_lib
 from trainer import recipe
@@ -115,11 +119,17 @@ def build(schema: schema_lib.Schema, model_config: config_lib.ModelConfig, hpara
   for layer in backbone.layers:
     if isinstance(layer, layers.BatchNormalization):
       layer.trainable = False
-  x = backbone(x, training=False)
+  x = backbone(x, training=False)  # (kept for tf_keras, which honours it)
   x = _FineTuneGate(model_config.fine_tune_at_step or 0, name="fine_tune_gate")(x)
-  x = layers.Dropout(model_config.dropout or 0.2)(x)
+  if model_config.dropout:
+    x = layers.Dropout(model_config.dropout)(x)
   outputs = models.in_label_units(layers.Dense(models.output_units(schema), name="output", dtype="float32")(x),
                                   schema)
+  logging.info("Backbone %s (%s, %s parameters) over image %r resized to %dx%d, weights from %s; frozen until step %d, "
+               "then fine-tuned at %s times the learning rate", name, spec.application, f"{backbone.count_params():,}",
+               feature.name, spec.input_size, spec.input_size, model_config.backbone_weights or "imagenet",
+               model_config.fine_tune_at_step or 0,
+               model_config.fine_tune_learning_rate_factor or DEFAULT_FINE_TUNE_FACTOR)
   return tf.keras.Model({feature.input_name: image}, outputs, name=name)
 
 
@@ -162,11 +172,20 @@ def _load_weights(backbone, path: str, *, spec: Backbone, name: str) -> None:
     if "://" in path:  # h5py reads local files only
       local = os.path.join(local_dir, os.path.basename(path))
       tf.io.gfile.copy(path, local)
-    try:
-      backbone.load_weights(local)
-    except Exception as e:  # pylint: disable=broad-except  (a file of another model, or no weights file at all)
-      raise UserError(f"--backbone_weights={path}: not the weights of --model={name} ({spec.application} without "
-                      f"its top, include_top=False): {type(e).__name__}: {first_line(e)}") from None
+    # Keras warns once per layer it skips ("Affected layers will retain their freshly-initialized weights"): a
+    # file of another model. Those warnings are the failure, said in one line, and never a partial load.
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      try:
+        backbone.load_weights(local)
+        failure = next((str(w.message) for w in caught if "freshly-initialized" in str(w.message)), None)
+      except Exception as e:  # pylint: disable=broad-except  (a file of another model, or no weights file at all)
+        failure = f"{type(e).__name__}: {e}"
+  if failure:
+    detail = " ".join(line.strip() for line in failure.splitlines() if line.strip())
+    detail = detail.split(" List of objects that could not be loaded")[0]  # Keras then lists every layer
+    raise UserError(f"--backbone_weights={path}: not the weights of --model={name} ({spec.application} without its "
+                    f"top, include_top=False): {detail[:400]}")
 
 
 @functools.lru_cache(maxsize=None)  # one class per process: Keras tells layers apart by class

@@ -222,7 +222,8 @@ def _validate_recipe(train: TrainConfig) -> None:
     _positive("--early_stopping_patience", train.early_stopping_patience)
   if train.early_stopping_patience is not None and train.early_stopping_metric is None:
     raise UserError("--early_stopping_patience needs --early_stopping_metric (e.g. loss, accuracy, auc)")
-  needs_evals = [flag for flag, given in (("--early_stopping_metric", train.early_stopping_metric),
+  needs_evals = [flag for flag, given in (("early stopping (--early_stopping_metric, --early_stopping_patience)",
+                                           train.early_stopping_metric),
                                           ("--export=best", train.export == "best")) if given]
   if needs_evals and train.eval_every_steps is None:
     raise UserError(f"{' and '.join(needs_evals)} need(s) periodic evaluation: pass --eval_every_steps=N "

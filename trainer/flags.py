@@ -78,10 +78,12 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                        "shuffle, ordered interleave): reproducible weights, slightly slower input. Not under "
                        "parameter servers (asynchronous: refused there).", **fv)
   # Model.
-  flags.DEFINE_string("model", "tabular", "Built-in model (tabular, cnn, or a backbone: mobilenet_v3_small, mobilenet_v3_large, efficientnet_b0, "
-                      "efficientnet_b3, efficientnet_v2_b0, resnet50, resnet50_v2) or 'package.module:build_fn'.", **fv)
+  flags.DEFINE_string("model", "tabular", "Built-in model (tabular, cnn, or a pretrained backbone: "
+                      "mobilenet_v3_small, mobilenet_v3_large, efficientnet_b0, efficientnet_b3, efficientnet_v2_b0, "
+                      "resnet50, resnet50_v2) or 'package.module:build_fn'.", **fv)
   flags.DEFINE_list("hidden_units", ["64", "32"], "Hidden layer sizes of the built-in models.", **fv)
-  flags.DEFINE_float("dropout", 0.0, "Dropout rate of the built-in models (backbone models: 0.2 unless given).", **fv)
+  flags.DEFINE_float("dropout", 0.0, "Dropout rate of the built-in models (before the output layer of a backbone model; the Keras "
+                     "transfer-learning guide uses 0.2).", **fv)
   flags.DEFINE_string("backbone_weights", None, "Backbone models (--model=mobilenet_v3_small, efficientnet_b0, "
                       "resnet50, ...): the backbone's weights, a file (local, /gcs/ or gs://; .weights.h5, or the .h5 "
                       "Keras Applications download), imagenet (Keras downloads them; the default) or none.", **fv)
@@ -260,7 +262,8 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment, *,
                if check_model else _parse_hparams(values.hparams)),
   )
   config_lib.validate(config)
-  model_registry.validate(config.model)
+  model_registry.validate(config.model, train_steps=config.train.train_steps,
+                          hidden_units_given=values["hidden_units"].present)
   return config
 
 

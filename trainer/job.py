@@ -113,9 +113,10 @@ def build_job(config: config_lib.Config, plan: plan_lib.Plan, inputs: preflight.
   is reported (the chief's, to hyperparameter tuning with --hypertune_metric and --eval_every_steps)."""
   build = model_registry.resolve_builder(config.model.name)
   train_steps = preflight.total_steps(config, inputs)
+  model_config = backbones.resolved(config.model, train_steps)  # a backbone's fine-tuning step, from the run's length
   return Job(config=config, inputs=inputs, strategy=strategy, choice=plan.choice, role=plan.role,
              train_steps=train_steps, interactive=interactive,
-             build_model=lambda: build(inputs.schema, backbones.resolved(config.model, train_steps), config.hparams), peer_watchdog=peer_watchdog,
+             build_model=lambda: build(inputs.schema, model_config, config.hparams), peer_watchdog=peer_watchdog,
              report_eval=_hypertune_reporter(config, env or config_lib.Environment(), plan.role))
 
 

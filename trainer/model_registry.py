@@ -28,7 +28,8 @@ def is_import_path(name: str) -> bool:
   return bool(sep) and bool(attr) and all(part.isidentifier() for part in module.split(".")) and attr.isidentifier()
 
 
-def validate(model: config_lib.ModelConfig) -> None:
+def validate(model: config_lib.ModelConfig, *, train_steps: int | None = None,
+             hidden_units_given: bool = False) -> None:
   """--model and the built-in models' own flags, on their own (before anything touches storage or devices)."""
   if model.name not in BUILDERS and not is_import_path(model.name):
     raise UserError(f"--model={model.name!r} is neither a built-in model ({', '.join(BUILDERS)}) "
@@ -42,6 +43,14 @@ def validate(model: config_lib.ModelConfig) -> None:
                     f"(--model={' or '.join(backbones.BACKBONES)}), not --model={model.name}")
   if model.fine_tune_at_step is not None and model.fine_tune_at_step < 0:
     raise UserError(f"--fine_tune_at_step must be >= 0 (0: fine-tune from the start), got {model.fine_tune_at_step}")
+  if model.name in backbones.BACKBONES and hidden_units_given:
+    raise UserError(f"--hidden_units: --model={model.name} has a linear head over the backbone's pooled features (as "
+                    "the Keras transfer-learning guide); drop --hidden_units, or write a plug-in with a head of your "
+                    "own (--model=package.module:build_fn)")
+  if (model.name in backbones.BACKBONES and model.fine_tune_at_step is not None and train_steps is not None
+      and model.fine_tune_at_step >= train_steps):
+    raise UserError(f"--fine_tune_at_step={model.fine_tune_at_step} is not before the last step "
+                    f"(--train_steps={train_steps}): the backbone would never learn; give a step below {train_steps}")
   factor = model.fine_tune_learning_rate_factor
   if factor is not None and not 0 < factor <= 1:
     raise UserError(f"--fine_tune_learning_rate_factor must be in (0, 1], got {factor}")

@@ -251,11 +251,13 @@ def csv_columns(source: formats.Source, path: str, schema: schema_lib.Schema | N
 
 
 def _shortened(value: dict[str, Any], *, shown: int = 20) -> dict[str, Any]:
-  """The schema as logged: a long vocabulary (a text feature's thousands of words) cut to its first entries."""
+  """The schema as logged: a long vocabulary (a text feature's thousands of words and word pairs) cut to its first
+  entries."""
   def cut(column):
-    vocabulary = column.get("vocabulary")
-    if vocabulary and len(vocabulary) > shown:
-      return {**column, "vocabulary": vocabulary[:shown] + [f"... {len(vocabulary)} in all"]}
+    for key in ("vocabulary", "bigrams"):
+      entries = column.get(key)
+      if entries and len(entries) > shown:
+        column = {**column, key: entries[:shown] + [f"... {len(entries)} in all"]}
     return column
 
   return {**value, "features": [cut(f) for f in value["features"]], "label": cut(value["label"])}
