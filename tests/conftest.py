@@ -20,6 +20,18 @@ from trainer import strategy as _strategy_lib  # pylint: disable=wrong-import-po
 _strategy_lib.configure_devices(IN_PROCESS_CPU_DEVICES)
 
 
+@pytest.fixture(autouse=True)
+def _collective_keys_of_its_own():
+  """Every test's in-process MirroredStrategy numbers its collectives from a base of its own: TensorFlow caches a
+  collective by (group key, instance key) for the process's life, so a text model's 1.28M-value all-reduce in one
+  test and a churn model's 2,978 in the next, both at instance 100, failed the second ("Shape mismatch in the
+  collective instance 100") whenever xdist put them in the same process."""
+  import procs  # pylint: disable=g-import-not-at-top
+
+  with procs.fresh_collective_keys():
+    yield
+
+
 def pytest_collection_modifyitems(items):
   """Tests marked `long` run first: with two test processes (scripts/test.sh), a test of minutes started last
   would run alone at the end while the other process idles."""

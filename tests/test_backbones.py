@@ -113,8 +113,8 @@ def _train_four_steps(weights_file, distribute: str) -> None:
 @pytest.mark.long
 @pytest.mark.parametrize("loop,weights_from", [("custom", "gs"), ("fit", "legacy_h5")])
 def test_a_backbone_from_a_weights_file_trains_exports_and_serves(weights_file, gcs, tmp_path, loop, weights_from):
-  """Digits as PNG files in class folders, a MobileNetV3Small from a weights file (Keras 3's, read from the emulated
-  bucket; or the legacy .h5 Keras Applications download), 6 steps (3 frozen, 3 fine-tuning): the export takes the
+  """Digits as PNG files in class folders, a MobileNetV3Small from a weights file (Keras 3's, named by its /gcs/ path
+  and read from the emulated bucket; or the legacy .h5 Keras Applications download), 6 steps (3 frozen, 3 fine-tuning): the export takes the
   PNG bytes as they are (resized, to RGB and preprocessed inside the SavedModel), and the TF Serving loader answers
   as tf.saved_model.load does."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -127,8 +127,8 @@ def test_a_backbone_from_a_weights_file_trains_exports_and_serves(weights_file, 
     weights = str(tmp_path / "weights_mobilenet_v3_small_224_1.0_float_no_top_v2.h5")
     _save_weights("MobileNetV3Small", weights, legacy_h5=True)
   else:
-    weights = f"gs://test-bucket/backbones/{tmp_path.name}/mobilenet_v3_small.weights.h5"
-    tf.io.gfile.copy(weights_file[0], weights)
+    tf.io.gfile.copy(weights_file[0], f"gs://test-bucket/backbones/{tmp_path.name}/mobilenet_v3_small.weights.h5")
+    weights = f"/gcs/test-bucket/backbones/{tmp_path.name}/mobilenet_v3_small.weights.h5"  # Vertex's mount path
   out = tmp_path / "out"
   result = procs.run_trainer([f"--train_data={data}/", f"--output_dir={out}", "--model=mobilenet_v3_small",
                               f"--backbone_weights={weights}", "--train_steps=6", "--fine_tune_at_step=3",

@@ -35,6 +35,7 @@ from typing import Any, Mapping
 from absl import logging
 
 from trainer import config as config_lib
+from trainer import models
 from trainer import recipe
 from trainer import schema as schema_lib
 from trainer.errors import UserError
@@ -93,8 +94,6 @@ def build(schema: schema_lib.Schema, model_config: config_lib.ModelConfig, hpara
   del hparams
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from trainer import models  # pylint: disable=g-import-not-at-top  (models resolves --model to this builder)
-
   name = model_config.name
   spec = BACKBONES[name]
   images = [f for f in schema.features if f.type == "image"]
@@ -125,10 +124,10 @@ def build(schema: schema_lib.Schema, model_config: config_lib.ModelConfig, hpara
     x = layers.Dropout(model_config.dropout)(x)
   outputs = models.in_label_units(layers.Dense(models.output_units(schema), name="output", dtype="float32")(x),
                                   schema)
-  logging.info("Backbone %s (%s, %s parameters) over image %r resized to %dx%d, weights from %s; frozen until step %d, "
-               "then fine-tuned at %s times the learning rate", name, spec.application, f"{backbone.count_params():,}",
-               feature.name, spec.input_size, spec.input_size, model_config.backbone_weights or "imagenet",
-               model_config.fine_tune_at_step or 0,
+  logging.info("Backbone %s (%s, %s parameters) over image %r resized to %dx%d, weights from %s; frozen until "
+               "step %d, then fine-tuned at %s times the learning rate", name, spec.application,
+               f"{backbone.count_params():,}", feature.name, spec.input_size, spec.input_size,
+               model_config.backbone_weights or "imagenet", model_config.fine_tune_at_step or 0,
                model_config.fine_tune_learning_rate_factor or DEFAULT_FINE_TUNE_FACTOR)
   return tf.keras.Model({feature.input_name: image}, outputs, name=name)
 

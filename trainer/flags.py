@@ -82,8 +82,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                       "mobilenet_v3_small, mobilenet_v3_large, efficientnet_b0, efficientnet_b3, efficientnet_v2_b0, "
                       "resnet50, resnet50_v2) or 'package.module:build_fn'.", **fv)
   flags.DEFINE_list("hidden_units", ["64", "32"], "Hidden layer sizes of the built-in models.", **fv)
-  flags.DEFINE_float("dropout", 0.0, "Dropout rate of the built-in models (before the output layer of a backbone model; the Keras "
-                     "transfer-learning guide uses 0.2).", **fv)
+  flags.DEFINE_float("dropout", 0.0, "Dropout rate of the built-in models (before the output layer of a backbone "
+                     "model; the Keras transfer-learning guide uses 0.2).", **fv)
   flags.DEFINE_string("backbone_weights", None, "Backbone models (--model=mobilenet_v3_small, efficientnet_b0, "
                       "resnet50, ...): the backbone's weights, a file (local, /gcs/ or gs://; .weights.h5, or the .h5 "
                       "Keras Applications download), imagenet (Keras downloads them; the default) or none.", **fv)
@@ -218,7 +218,8 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment, *,
           preflight_records=values.preflight_records,
       ),
       model=config_lib.ModelConfig(name=values.model, hidden_units=hidden_units, dropout=values.dropout,
-                                   backbone_weights=values.backbone_weights,
+                                   backbone_weights=(paths.normalize_path(values.backbone_weights)
+                                                     if values.backbone_weights else None),
                                    fine_tune_at_step=values.fine_tune_at_step,
                                    fine_tune_learning_rate_factor=values.fine_tune_learning_rate_factor),
       train=config_lib.TrainConfig(
