@@ -71,7 +71,36 @@ def build_sdist(out_dir: str) -> str:
   if result.returncode:
     raise SubmitError(f"building the sdist failed: {result.stderr.strip().splitlines()[-1:]}")
   (archive,) = glob.glob(os.path.join(out_dir, "*.tar.gz"))
+  _make_reproducible(archive)
   return archive
+
+
+# The time every entry of the sdist carries: $SOURCE_DATE_EPOCH (the reproducible-builds convention), else
+# 1980-01-01, the earliest a zip can hold, so the bytes never depend on when files were checked out or touched.
+_DEFAULT_SOURCE_DATE = 315532800
+
+
+def _make_reproducible(archive: str) -> None:
+  """Rewrites the sdist so the same tree gives the same bytes: entries sorted, one fixed time, no owner, plain
+  modes, and a gzip header without a time or name. setuptools writes each file's checkout time and the build
+  time, so every build was a new archive and a new content-addressed copy in the bucket (`package_uri`)."""
+  import gzip  # pylint: disable=g-import-not-at-top
+  import io  # pylint: disable=g-import-not-at-top
+  import tarfile  # pylint: disable=g-import-not-at-top
+
+  mtime = int(os.environ.get("SOURCE_DATE_EPOCH", _DEFAULT_SOURCE_DATE))
+  with tarfile.open(archive, "r:gz") as source:
+    entries = [(member, source.extractfile(member).read() if member.isfile() else None)
+               for member in source.getmembers()]
+  buffer = io.BytesIO()
+  with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as target:
+    for member, data in sorted(entries, key=lambda entry: entry[0].name):
+      member.mtime, member.uid, member.gid, member.uname, member.gname = mtime, 0, 0, "", ""
+      member.mode = 0o755 if member.isdir() or member.mode & 0o111 else 0o644
+      member.pax_headers = {}
+      target.addfile(member, io.BytesIO(data) if data is not None else None)
+  with open(archive, "wb") as f, gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0) as compressed:
+    compressed.write(buffer.getvalue())
 
 
 PACKAGE_ARCHIVES = (".tar.gz", ".zip", ".whl")

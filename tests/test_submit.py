@@ -195,6 +195,32 @@ def test_sdist_holds_the_trainer_alone(tmp_path):
   assert "tensorflow" not in text.split("[")[0]  # only in the optional [tf] extra
 
 
+def test_the_same_tree_builds_the_same_sdist_bytes(tmp_path):
+  """Content-addressed staging reuses an upload only if a rebuild of the same code gives the same bytes: the
+  files' times (a fresh clone, a touched file) and the build's time must not reach the archive."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+
+  def digest(archive: str) -> str:
+    with open(archive, "rb") as f:
+      return hashlib.sha256(f.read()).hexdigest()
+
+  first = submit.build_sdist(str(tmp_path / "first"))
+  task = os.path.join(procs.REPO, "trainer", "task.py")
+  stat = os.stat(task)
+  os.utime(task, (stat.st_atime, stat.st_mtime + 3600))  # as a fresh clone or an editor's save would
+  try:
+    second = submit.build_sdist(str(tmp_path / "second"))
+  finally:
+    os.utime(task, (stat.st_atime, stat.st_mtime))
+  assert digest(first) == digest(second)
+  with tarfile.open(second) as tar:
+    members = tar.getmembers()
+  assert [m.name for m in members] == sorted(m.name for m in members)
+  assert {m.mtime for m in members} == {int(os.environ.get("SOURCE_DATE_EPOCH", 315532800))}
+  assert {(m.uid, m.uname) for m in members} == {(0, "")}
+  assert submit.package_uri("b", first) == submit.package_uri("b", second)
+
+
 def _versions(python: str) -> dict:
   code = ("import importlib.metadata as m, json; print(json.dumps({p: m.version(p) for p in "
           "('tensorflow', 'keras', 'protobuf', 'absl-py')}))")
