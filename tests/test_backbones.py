@@ -64,12 +64,8 @@ def _same(a: list, b: list) -> bool:
 @pytest.mark.parametrize("distribute", ["default", "mirrored"])
 def test_the_backbone_is_frozen_until_the_fine_tuning_step(weights_file, distribute):
   """The gate lets no gradient into the backbone for the first steps, then all of it at the factor's rate; its
-  step count is one per step under a 2-replica MirroredStrategy too (only the first replica's add counts)."""
-  with procs.fresh_collective_keys():
-    _train_four_steps(weights_file, distribute)
-
-
-def _train_four_steps(weights_file, distribute: str) -> None:
+  step count is one per step under a 2-replica MirroredStrategy too (only the first replica's add counts). (The
+  collective keys are the test's own: conftest's autouse fixture.)"""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   path, saved = weights_file
@@ -114,8 +110,8 @@ def _train_four_steps(weights_file, distribute: str) -> None:
 @pytest.mark.parametrize("loop,weights_from", [("custom", "gs"), ("fit", "legacy_h5")])
 def test_a_backbone_from_a_weights_file_trains_exports_and_serves(weights_file, gcs, tmp_path, loop, weights_from):
   """Digits as PNG files in class folders, a MobileNetV3Small from a weights file (Keras 3's, named by its /gcs/ path
-  and read from the emulated bucket; or the legacy .h5 Keras Applications download), 6 steps (3 frozen, 3 fine-tuning): the export takes the
-  PNG bytes as they are (resized, to RGB and preprocessed inside the SavedModel), and the TF Serving loader answers
+  and read from the emulated bucket; or the legacy .h5 Keras Applications download), 6 steps (3 frozen, 3
+  fine-tuning): the export takes the PNG bytes as they are (resized, to RGB and preprocessed inside the SavedModel), and the TF Serving loader answers
   as tf.saved_model.load does."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 

@@ -227,8 +227,6 @@ def _layers():
 
 
 def _keras3() -> bool:
-  from trainer import models  # pylint: disable=g-import-not-at-top
-
   return models.keras_version().startswith("3.")
 
 
