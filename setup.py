@@ -18,7 +18,7 @@ setuptools.setup(
     name="vertex-tf-trainer",
     version=VERSION,
     description="Train TensorFlow models on Vertex AI custom jobs under any tf.distribute strategy.",
-    packages=["trainer"],
+    packages=setuptools.find_packages(include=["trainer", "trainer.*"]),
     python_requires=">=3.10",
     # absl-py ships with TensorFlow; listed with a floor only, so pip never replaces the image's copy.
     install_requires=["absl-py>=1.0"],

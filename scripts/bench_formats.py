@@ -47,7 +47,9 @@ def build(kind: str, pattern: str, schema_path: str, batch: int):
   """One pipeline of this benchmark, "<format>.<variant>" (built in the pipeline's own process)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from trainer import formats, input_pipeline, schema as schema_lib  # pylint: disable=g-import-not-at-top
+  from trainer.data import formats  # pylint: disable=g-import-not-at-top
+  from trainer.data import input_pipeline  # pylint: disable=g-import-not-at-top
+  from trainer.data import schema as schema_lib  # pylint: disable=g-import-not-at-top
 
   schema = schema_lib.load_schema(schema_path)
   files = sorted(tf.io.gfile.glob(pattern))
@@ -137,7 +139,8 @@ def ten_times(pattern: str) -> str:
 
 def time_inference(local_dir: str, scratch: str, rows: int) -> tuple[float, int]:
   """Seconds `schema_inference.infer_schema` takes on a CSV of `rows` rows (the demo's rows repeated)."""
-  from trainer import formats, schema_inference  # pylint: disable=g-import-not-at-top
+  from trainer.data import formats  # pylint: disable=g-import-not-at-top
+  from trainer.data import inference as schema_inference  # pylint: disable=g-import-not-at-top
 
   shards = sorted(glob.glob(f"{local_dir}/*.csv"))
   header, body = None, []

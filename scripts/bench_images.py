@@ -31,7 +31,9 @@ def build(kind: str, pattern: str, schema_path: str, batch: int):
   """One pipeline of this benchmark (built in the pipeline's own process)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from trainer import formats, input_pipeline, schema as schema_lib  # pylint: disable=g-import-not-at-top
+  from trainer.data import formats  # pylint: disable=g-import-not-at-top
+  from trainer.data import input_pipeline  # pylint: disable=g-import-not-at-top
+  from trainer.data import schema as schema_lib  # pylint: disable=g-import-not-at-top
 
   files = sorted(tf.io.gfile.glob(pattern))
   if kind in ("trainer", "gcs"):
@@ -78,7 +80,7 @@ def main() -> None:
   args = parser.parse_args()
 
   from scripts import emulator as emulator_lib, stage_data  # pylint: disable=g-import-not-at-top
-  from trainer import storage  # pylint: disable=g-import-not-at-top
+  from trainer.core import storage  # pylint: disable=g-import-not-at-top
 
   scratch = tempfile.mkdtemp(prefix="bench-images-")
   try:

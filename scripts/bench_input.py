@@ -49,7 +49,9 @@ BUILDER = "scripts.bench_input:build"  # how each pipeline process builds its pi
 def build(kind: str, pattern: str, schema_path: str, batch: int):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from trainer import formats, input_pipeline, schema as schema_lib  # pylint: disable=g-import-not-at-top
+  from trainer.data import formats  # pylint: disable=g-import-not-at-top
+  from trainer.data import input_pipeline  # pylint: disable=g-import-not-at-top
+  from trainer.data import schema as schema_lib  # pylint: disable=g-import-not-at-top
 
   schema = schema_lib.load_schema(schema_path)
   files = sorted(tf.io.gfile.glob(pattern))

@@ -33,7 +33,9 @@ def build(kind: str, pattern: str, schema_path: str, batch: int):
   """One pipeline of this benchmark (built in the pipeline's own process): something `next` can be called on."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from trainer import formats, input_pipeline, schema as schema_lib  # pylint: disable=g-import-not-at-top
+  from trainer.data import formats  # pylint: disable=g-import-not-at-top
+  from trainer.data import input_pipeline  # pylint: disable=g-import-not-at-top
+  from trainer.data import schema as schema_lib  # pylint: disable=g-import-not-at-top
 
   files = sorted(tf.io.gfile.glob(pattern))
   if kind in ("trainer", "gcs"):

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 
-from trainer import export
+from trainer.modeling import export
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = [("float32", []), ("mixed_float16", ["--precision=mixed_float16"]),

@@ -34,7 +34,9 @@ def build(kind: str, pattern: str, schema_path: str, batch: int):
   """One pipeline of this benchmark (built in the pipeline's own process)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from trainer import formats, input_pipeline, schema as schema_lib  # pylint: disable=g-import-not-at-top
+  from trainer.data import formats  # pylint: disable=g-import-not-at-top
+  from trainer.data import input_pipeline  # pylint: disable=g-import-not-at-top
+  from trainer.data import schema as schema_lib  # pylint: disable=g-import-not-at-top
 
   schema = schema_lib.load_schema(schema_path)
   text = schema.feature("text")
@@ -80,7 +82,9 @@ def main() -> None:
   args = parser.parse_args()
 
   from scripts import emulator as emulator_lib, stage_data  # pylint: disable=g-import-not-at-top
-  from trainer import formats, schema_inference, storage  # pylint: disable=g-import-not-at-top
+  from trainer.core import storage  # pylint: disable=g-import-not-at-top
+  from trainer.data import formats  # pylint: disable=g-import-not-at-top
+  from trainer.data import inference as schema_inference  # pylint: disable=g-import-not-at-top
 
   scratch = tempfile.mkdtemp(prefix="bench-text-")
   try:

@@ -31,7 +31,7 @@ def _build(builder: str, kind: str, pattern: str, schema_path: str, batch: int):
 
 def _start_child_env() -> None:
   """Every pipeline runs with the trainer's storage settings, applied as `python -m trainer.task` does."""
-  from trainer import storage  # pylint: disable=g-import-not-at-top
+  from trainer.core import storage  # pylint: disable=g-import-not-at-top
 
   storage.configure_gcs(os.environ)
 

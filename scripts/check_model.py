@@ -18,10 +18,10 @@ import sys
 import numpy as np
 
 from scripts import predict
-from trainer import export
-from trainer import feature_kinds
-from trainer import input_pipeline
-from trainer import schema as schema_lib
+from trainer.data import feature_kinds
+from trainer.data import input_pipeline
+from trainer.data import schema as schema_lib
+from trainer.modeling import export
 
 
 def predict_eval(model_dir: str, eval_pattern: str, *, batch_size: int = 1024) -> dict:

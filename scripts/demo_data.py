@@ -20,8 +20,8 @@ import json
 
 import numpy as np
 
-from trainer import examples
-from trainer import schema as schema_lib
+from trainer.data import schema as schema_lib
+from trainer.planning import examples
 
 PLANS = ("basic", "plus", "pro")
 REGIONS = ("north", "south", "east", "west")

@@ -50,8 +50,8 @@ from scripts.localrun.planning import LocalRunError, check_trainer_args, parse_p
 from scripts.localrun.report import summary, tail
 from scripts.localrun import supervise as supervise_lib
 from scripts.localrun.supervise import supervise
-from trainer import export
-from trainer import paths
+from trainer.core import paths
+from trainer.modeling import export
 
 
 @contextlib.contextmanager
@@ -241,7 +241,7 @@ def _check_study(spec: study_spec.StudySpec, trial_args: list[str], *, site: str
   except study_spec.StudyError as e:
     raise LocalRunError(str(e)) from None
   if site is not None and not complete:
-    from trainer import hparams as hparams_lib  # pylint: disable=g-import-not-at-top
+    from trainer.core import hparams as hparams_lib  # pylint: disable=g-import-not-at-top
 
     model = hparams_lib.model_from_argv(trial_args)
     raise LocalRunError(f"--model={model}: not importable from the trials' packages (the trainer and each "

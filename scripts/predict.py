@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from trainer.feature_kinds import _IMAGE_MAGIC as IMAGE_MAGIC  # the trainer's own test of image bytes: one rule
-from trainer.schema import ENCODED_IMAGES
-from trainer.schema import safe_name
+from trainer.data.feature_kinds import _IMAGE_MAGIC as IMAGE_MAGIC  # the trainer's own test of image bytes: one rule
+from trainer.data.schema import ENCODED_IMAGES
+from trainer.data.schema import safe_name
 
 
 class PredictError(ValueError):
@@ -351,7 +351,7 @@ def _strings(value: Any, *, where: str, name: str):
 
 
 def _check_images(model: SessionModel, name: str, given: Any, array: np.ndarray, *, where: str) -> None:
-  """Image bytes start as a PNG, JPEG, GIF or BMP file does (the trainer's own check, trainer/feature_kinds.py);
+  """Image bytes start as a PNG, JPEG, GIF or BMP file does (the trainer's own check, trainer/data/feature_kinds.py);
   anything else is refused naming the instance and the feature, and what it held."""
   for data, sent in zip(array.ravel(), given if isinstance(given, list) else [given]):
     if not data.startswith(IMAGE_MAGIC):

@@ -14,7 +14,7 @@ Before anything is sent, the directory must be a SavedModel with a `serving_defa
 Serving and the project's serving image answer): its saved_model.pb is parsed, the model is not loaded.
 
 Predict schemata (what Model Registry shows as the request and response): the export's own instance_schema.yaml and
-prediction_schema.yaml when it has them (the trainer writes them, trainer/predict_schemata.py); otherwise they are
+prediction_schema.yaml when it has them (the trainer writes them, trainer/data/predict_schemata.py); otherwise they are
 derived from the serving_default signature (input and output names, dtypes and shapes as OpenAPI 3.0 schema
 objects) and written beside the model in its bucket directory.
 
@@ -41,8 +41,8 @@ from typing import Any
 from scripts import gcp_context
 from scripts import registry
 from scripts import vertex_config
-from trainer import paths
-from trainer import predict_schemata
+from trainer.core import paths
+from trainer.data import predict_schemata
 
 SIGNATURE = "serving_default"
 SERVE_TAG = "serve"

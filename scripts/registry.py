@@ -7,9 +7,9 @@ Which container serves it (`serving_container`):
 - `--serving_image=prebuilt`: Vertex's prebuilt TF prediction container (TF Serving), the newest one not newer than
   the training TF, from the list Vertex's own SDK carries (`google.cloud.aiplatform.constants.prediction`); past
   its end of availability it is a warning naming the replacement. The export's signature is plain TF ops
-  (trainer/export.py), which older TF Serving builds load;
+  (trainer/modeling/export.py), which older TF Serving builds load;
 - any other `--serving_image=URI`: that image, as it is.
-The predict schemata are the files the export wrote beside the model (trainer/predict_schemata.py); labels link the
+The predict schemata are the files the export wrote beside the model (trainer/data/predict_schemata.py); labels link the
 model to the job that made it.
 """
 
@@ -20,7 +20,7 @@ import re
 
 from scripts import clients
 from scripts import vertex_images
-from trainer import predict_schemata
+from trainer.data import predict_schemata
 
 _PREDICTION_IMAGE = re.compile(r"^(us|europe|asia)-docker\.pkg\.dev/vertex-ai/prediction/tf2-(cpu|gpu)\.2-(\d+):latest$")
 _LABEL_VALUE = re.compile(r"[^a-z0-9_-]")

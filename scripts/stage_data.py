@@ -9,7 +9,7 @@ The trainer reads CSV, JSONL, Parquet and gzip files as they are; staging is for
 fastest input) and for files on a laptop that the job should read from a bucket.
 
 CSV, JSONL and Parquet records are converted to `tf.train.Example`s exactly as the trainer reads those files
-(`trainer.examples.from_file`: its reader, CSV dialect and header handling, pre-flight record check and
+(`trainer.planning.examples.from_file`: its reader, CSV dialect and header handling, pre-flight record check and
 defaults): a missing value (an empty CSV cell) takes the schema's `default`, and a record training would refuse
 (a missing value without a default, NaN or an infinity, a value of the wrong type) is refused with the same
 one-line error, naming the file, the line and the column. TFRecord files (plain or gzip) are re-sharded as they
@@ -30,13 +30,13 @@ import tempfile
 from typing import Iterator
 
 from scripts import demo_data
-from trainer import examples
-from trainer import formats
-from trainer import paths
-from trainer import preflight
-from trainer import schema as schema_lib
-from trainer import storage
-from trainer.errors import UserError
+from trainer.core import paths
+from trainer.core import storage
+from trainer.core.errors import UserError
+from trainer.data import formats
+from trainer.data import schema as schema_lib
+from trainer.planning import examples
+from trainer.planning import preflight
 
 
 class StageError(RuntimeError):
@@ -179,7 +179,7 @@ def stage(args, parser) -> dict:
 
 
 def _infer_schema(sources: list[str], source: formats.Source, label: str, task: str) -> schema_lib.Schema:
-  from trainer import schema_inference  # pylint: disable=g-import-not-at-top
+  from trainer.data import inference as schema_inference  # pylint: disable=g-import-not-at-top
 
   if source.format == "csv":
     source = preflight.csv_columns(source, sources[0], None, flag="--source")

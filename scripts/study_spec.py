@@ -254,7 +254,7 @@ def check_trial_values(spec: StudySpec, trial_args: list[str], *, site: str | No
   it. Returns False when the model is a plug-in that cannot be imported here (then only the trainer's own flags
   were judged)."""
   from trainer import flags as trainer_flags  # pylint: disable=g-import-not-at-top
-  from trainer.errors import UserError  # pylint: disable=g-import-not-at-top
+  from trainer.core.errors import UserError  # pylint: disable=g-import-not-at-top
 
   def check(args: list[str]) -> None:
     try:

@@ -49,7 +49,7 @@ from scripts import cloud_build
 from scripts import gcp_context
 from scripts import registry
 from scripts import vertex_config
-from trainer import paths
+from trainer.core import paths
 
 TERMINAL_STATES = {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED"}
 
@@ -185,7 +185,7 @@ def apply_overrides(config: vertex_config.JobConfig, extra_args: list[str], env:
 def check_trainer_args(body: dict, kind: str) -> None:
   """Every trainer pool's args, checked as the trainer will check them, before anything is built or sent."""
   from trainer import flags as trainer_flags  # pylint: disable=g-import-not-at-top
-  from trainer.errors import UserError  # pylint: disable=g-import-not-at-top
+  from trainer.core.errors import UserError  # pylint: disable=g-import-not-at-top
 
   spec = body["trialJobSpec"] if kind == "hp_tuning" else body
   for index, pool in enumerate(spec["workerPoolSpecs"]):

@@ -15,7 +15,7 @@ for _name, _value in {**loopback.LOOPBACK_ENV, "TF_CPP_MIN_LOG_LEVEL": "2"}.item
 # In-process loop tests run MirroredStrategy over 2 logical CPUs. The split must happen before any TensorFlow op
 # in this process, so it happens here, with the trainer's own function; the default strategy still uses one.
 IN_PROCESS_CPU_DEVICES = 2
-from trainer import strategy as _strategy_lib  # pylint: disable=wrong-import-position
+from trainer.distribute import strategy as _strategy_lib  # pylint: disable=wrong-import-position
 
 _strategy_lib.configure_devices(IN_PROCESS_CPU_DEVICES)
 

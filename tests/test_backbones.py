@@ -1,4 +1,4 @@
-"""Transfer learning (trainer/backbones.py): a Keras Applications backbone from a weights file trains, is frozen then
+"""Transfer learning (trainer/modeling/backbones.py): a Keras Applications backbone from a weights file trains, is frozen then
 fine-tuned, exports with its preprocessing inside, and serves. This machine cannot download ImageNet weights, so the
 files are the backbones' own weights with random values, saved the two ways users have them: Keras 3's
 `.weights.h5`, and the legacy `.h5` layout Keras Applications download (`weights_..._no_top.h5`)."""
@@ -15,10 +15,10 @@ import pytest
 
 import procs
 import serving
-from trainer import backbones
-from trainer import config as config_lib
-from trainer import recipe
-from trainer import schema as schema_lib
+from trainer.core import config as config_lib
+from trainer.data import schema as schema_lib
+from trainer.modeling import backbones
+from trainer.modeling import recipe
 
 TIMEOUT = 300
 

@@ -19,11 +19,11 @@ from sklearn import datasets as sk_datasets
 
 import procs
 from public_data import iris_frame
-from trainer import formats
-from trainer import preflight
-from trainer import schema_inference
-from trainer import storage
-from trainer.errors import UserError
+from trainer.core import storage
+from trainer.core.errors import UserError
+from trainer.data import formats
+from trainer.data import inference as schema_inference
+from trainer.planning import preflight
 
 COLUMN = "sepal length (cm)"
 COMMON = ["--global_batch_size=16", "--shuffle_buffer=0", "--label=species"]

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from trainer import cluster
-from trainer.errors import UserError
+from trainer.core.errors import UserError
+from trainer.distribute import cluster
 
 ADDR = {"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1"]}
 

@@ -5,10 +5,10 @@ import json
 import pytest
 from absl import flags
 
-from trainer import config as config_lib
 from trainer import flags as trainer_flags
-from trainer import plan as plan_lib
-from trainer.errors import UserError
+from trainer.core import config as config_lib
+from trainer.core.errors import UserError
+from trainer.distribute import plan as plan_lib
 
 
 @pytest.fixture

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer import features as features_lib
-from trainer import formats
-from trainer import input_pipeline
-from trainer import preflight
-from trainer import schema as schema_lib
-from trainer import storage
-from trainer.errors import UserError
+from trainer.core import storage
+from trainer.core.errors import UserError
+from trainer.data import features as features_lib
+from trainer.data import formats
+from trainer.data import input_pipeline
+from trainer.data import schema as schema_lib
+from trainer.planning import preflight
 
 
 @pytest.fixture(scope="module")

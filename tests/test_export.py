@@ -7,11 +7,11 @@ import os
 import pytest
 import tensorflow as tf
 
-from trainer import config as config_lib
-from trainer import export
-from trainer import models
-from trainer import schema as schema_lib
-from trainer.errors import UserError
+from trainer.core import config as config_lib
+from trainer.core.errors import UserError
+from trainer.data import schema as schema_lib
+from trainer.modeling import export
+from trainer.modeling import models
 
 MARKER = "eval_metrics.json"
 
@@ -114,7 +114,7 @@ def test_an_export_interrupted_while_publishing_is_still_its_runs(churn_data, tm
 
 
 def test_paths_name_the_same_place_however_written(tmp_path, monkeypatch):
-  from trainer import paths  # pylint: disable=g-import-not-at-top
+  from trainer.core import paths  # pylint: disable=g-import-not-at-top
 
   assert paths.same_location("/gcs/b/run/checkpoints", "gs://b/run/checkpoints/")
   assert paths.same_location("gs://b/run/", "gs://b/run")

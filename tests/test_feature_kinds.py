@@ -1,4 +1,4 @@
-"""Each feature kind in one place (trainer/feature_kinds.py): its Example list and parse spec, its serving input,
+"""Each feature kind in one place (trainer/data/feature_kinds.py): its Example list and parse spec, its serving input,
 what the encoder makes of it and the model input that must match, its OpenAPI schema, and the one Example writer,
 checked for every kind on one schema that holds them all."""
 
@@ -9,13 +9,13 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from trainer import examples
-from trainer import feature_kinds
-from trainer import features as features_lib
-from trainer import input_pipeline
-from trainer import models
-from trainer import predict_schemata
-from trainer import schema as schema_lib
+from trainer.data import feature_kinds
+from trainer.data import features as features_lib
+from trainer.data import input_pipeline
+from trainer.data import predict_schemata
+from trainer.data import schema as schema_lib
+from trainer.modeling import models
+from trainer.planning import examples
 
 SCHEMA = schema_lib.parse_schema({
     "features": [

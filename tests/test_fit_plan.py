@@ -2,7 +2,7 @@
 
 import pytest
 
-from trainer import fit_loop
+from trainer.training import fit_loop
 
 
 @pytest.mark.parametrize("start,total,per_epoch,stop,calls", [

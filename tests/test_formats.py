@@ -21,13 +21,13 @@ import tensorflow as tf
 from PIL import Image
 from sklearn import datasets as sk_datasets
 
-from trainer import features as features_lib
-from trainer import formats
-from trainer import input_pipeline
-from trainer import preflight
-from trainer import schema as schema_lib
-from trainer import schema_inference
-from trainer.errors import UserError
+from trainer.core.errors import UserError
+from trainer.data import features as features_lib
+from trainer.data import formats
+from trainer.data import inference as schema_inference
+from trainer.data import input_pipeline
+from trainer.data import schema as schema_lib
+from trainer.planning import preflight
 from public_data import iris_frame
 from public_data import png as _png
 
@@ -468,7 +468,7 @@ def _inputs(path: str, schema: schema_lib.Schema) -> preflight.Inputs:
 def _first_error(path: str, schema: schema_lib.Schema) -> str:
   """What the trainer says when the pipeline fails on `path`: TF's error, told to come from the input pipeline,
   named by `data_errors` and caused by TensorFlow's own error."""
-  from trainer import data_errors  # pylint: disable=g-import-not-at-top
+  from trainer.planning import data_errors  # pylint: disable=g-import-not-at-top
 
   with pytest.raises(UserError) as raised, data_errors.translated(_inputs(path, schema)):
     fn = input_pipeline.make_dataset_fn([path], schema, source=_source(path), global_batch_size=64, training=False,
@@ -637,8 +637,8 @@ def test_multi_valued_numbers_in_tfrecord(tmp_path):
   features, labels = _read_all(path, schema, _source(path))
   np.testing.assert_array_equal(features["embedding"], vectors)
   np.testing.assert_allclose(labels, vectors.sum(axis=1), rtol=1e-6)
-  from trainer import config as config_lib  # pylint: disable=g-import-not-at-top
-  from trainer import models  # pylint: disable=g-import-not-at-top
+  from trainer.core import config as config_lib  # pylint: disable=g-import-not-at-top
+  from trainer.modeling import models  # pylint: disable=g-import-not-at-top
 
   model = models.build_tabular(schema, config_lib.ModelConfig())
   standardized = model.get_layer("embedding_std")(features["embedding"]).numpy()

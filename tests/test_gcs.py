@@ -75,7 +75,7 @@ def test_trainer_sets_its_gcs_read_block_before_tensorflow_loads(gcs):
   imported = subprocess.run([sys.executable, "-c", code], env=env, cwd=procs.REPO, capture_output=True, text=True,
                             timeout=60, check=True).stdout.strip()
   assert imported == "[]"
-  from trainer import storage  # pylint: disable=g-import-not-at-top
+  from trainer.core import storage  # pylint: disable=g-import-not-at-top
   unset, chosen = {}, {"GCS_READ_CACHE_BLOCK_SIZE_MB": "2", "GCS_RETRY_CONFIG_MAX_RETRIES": "10"}
   storage.configure_gcs(unset)
   storage.configure_gcs(chosen)
@@ -109,8 +109,11 @@ def test_train_from_gcs_and_serve_the_export_from_gcs(gcs, gcs_churn):
 
 
 def test_export_reloaded_from_gcs_predicts_like_the_model(gcs, churn_data):
-  from trainer import config as config_lib  # pylint: disable=g-import-not-at-top
-  from trainer import export, features, models, schema as schema_lib  # pylint: disable=g-import-not-at-top
+  from trainer.core import config as config_lib  # pylint: disable=g-import-not-at-top
+  from trainer.data import features  # pylint: disable=g-import-not-at-top
+  from trainer.data import schema as schema_lib  # pylint: disable=g-import-not-at-top
+  from trainer.modeling import export  # pylint: disable=g-import-not-at-top
+  from trainer.modeling import models  # pylint: disable=g-import-not-at-top
   schema = schema_lib.load_schema(f"{churn_data}/train/schema.json")
   model = models.build_tabular(schema, config_lib.ModelConfig(hidden_units=(8,)))
   raw = {"tenure_months": tf.constant([1.0, 40.0, 7.5]), "monthly_charges": tf.constant([20.0, 90.0, 70.0]),

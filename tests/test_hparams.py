@@ -12,8 +12,8 @@ from absl import flags
 
 import procs
 from trainer import flags as trainer_flags
-from trainer import hparams as hparams_lib
-from trainer.errors import UserError
+from trainer.core import hparams as hparams_lib
+from trainer.core.errors import UserError
 from test_train import data_args
 
 TUNABLE = '''

@@ -19,7 +19,7 @@ import procs
 import serving
 from public_data import write_digit_files
 from scripts import stage_data
-from trainer import schema as schema_lib
+from trainer.data import schema as schema_lib
 
 TIMEOUT = 240
 MARGIN = 0.06  # under the pixel baseline (measured: 0.947 for the tabular model at 300 steps against 0.962)

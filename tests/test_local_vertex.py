@@ -16,7 +16,7 @@ from scripts import local_vertex
 from scripts.localrun import planning
 from scripts import stage_data
 from scripts import vertex_config
-from trainer import cluster
+from trainer.distribute import cluster
 
 VALUES = {"PROJECT": "p", "REGION": "r", "BUCKET": "b", "PACKAGE_URI": "gs://b/s/t.tar.gz", "RUN_ID": "x"}
 
@@ -278,7 +278,7 @@ def test_preemptions_in_a_row_lose_no_step(staged, gcs, tmp_path):
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
   # Each preempted replica exits 143 by itself within the grace (never SIGKILLed), also when the trainer's exit
   # deadline ends it after the save (a MultiWorkerMirrored chief whose peer already stopped hangs in TensorFlow's
-  # clean-up; see trainer/preemption.py). The peer that stopped with it restarts under the default
+  # clean-up; see trainer/distribute/preemption.py). The peer that stopped with it restarts under the default
   # --restart_failed (5, as on Vertex): no flag is needed for the job to survive its preemptions.
   lines = re.findall(r"^  (workerpool\d-0) @ step (\d+): exit 143 after [\d.]+ s, saved step (\d+); resumed at "
                      r"step (\d+)$", result.stdout, re.M)

@@ -8,7 +8,7 @@ import re
 import pytest
 
 import procs
-from trainer import logs
+from trainer.core import logs
 
 # Lines TensorFlow's C++ runtime writes itself (not Python records): absl-C++ prefixes and their continuations.
 _RUNTIME_LINE = re.compile(r"^([IWEF]\d{4} |WARNING: All log messages before absl::InitializeLog|To enable the "

@@ -1,6 +1,6 @@
 """The outer loop's cadence, with a fake source and clock: pure Python, no TensorFlow."""
 
-from trainer import loop
+from trainer.training import loop
 
 
 class FakeClock:
@@ -61,7 +61,7 @@ def test_a_finished_run_does_nothing_and_a_stalled_source_ends_the_loop():
 
 
 def test_parameter_server_closures_keep_workers_busy_within_steps_per_loop():
-  from trainer import ps_source  # pylint: disable=g-import-not-at-top
+  from trainer.training import ps_source  # pylint: disable=g-import-not-at-top
 
   assert ps_source.closure_sizes(50, steps_per_loop=50, num_workers=2) == [25, 25]
   assert ps_source.closure_sizes(200, steps_per_loop=50, num_workers=2) == [50, 50, 50, 50]

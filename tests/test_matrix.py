@@ -13,7 +13,7 @@ One kind per dataset, so a failure names its kind:
 
 Each training run takes a few steps (`TRAIN_STEPS`) of a small global batch, with the test split given too, so
 the final evaluation and the test pass run under every combination. Keras 3's `fit` under MultiWorkerMirrored or
-parameter servers is refused by design (README, `trainer/plan.py`): that refusal is what those cells assert. The
+parameter servers is refused by design (README, `trainer/distribute/plan.py`): that refusal is what those cells assert. The
 bad values are refused in pre-flight, before any device is touched, so they cost next to nothing.
 
 Multi-process only where the process boundary is the point: ParameterServerStrategy needs its parameter server
@@ -152,8 +152,8 @@ def data(tmp_path_factory) -> dict[str, dict]:
 
 def test_each_dataset_holds_its_kind_alone(data):
   """Schema inference reads each dataset as its kind, and only that kind (so a failing cell names its kind)."""
-  from trainer import formats  # pylint: disable=g-import-not-at-top
-  from trainer import schema_inference  # pylint: disable=g-import-not-at-top
+  from trainer.data import formats  # pylint: disable=g-import-not-at-top
+  from trainer.data import inference as schema_inference  # pylint: disable=g-import-not-at-top
 
   expected = {"number": {"float"}, "category": {"string"}, "text": {"text"}, "image": {"image"},
               "vector": {"float"}}

@@ -16,9 +16,9 @@ import pytest
 
 import procs
 from public_data import iris_frame
-from trainer import formats
-from trainer import schema_inference
-from trainer.errors import UserError
+from trainer.core.errors import UserError
+from trainer.data import formats
+from trainer.data import inference as schema_inference
 
 ROWS = 3000  # iris 20 times: the bad value sits far beyond what pre-flight reads first
 BAD_ROW = 2500
@@ -96,8 +96,8 @@ def test_non_finite_weights_are_never_checkpointed_or_exported(tmp_path):
   """The guard before every save and the export: one line naming the weights, and nothing written."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from trainer import actions  # pylint: disable=g-import-not-at-top
-  from trainer import checkpoints  # pylint: disable=g-import-not-at-top
+  from trainer.training import actions  # pylint: disable=g-import-not-at-top
+  from trainer.training import checkpoints  # pylint: disable=g-import-not-at-top
 
   model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(4, name="hidden"),
                                tf.keras.layers.Dense(1, name="out")])
@@ -118,8 +118,8 @@ def test_record_checks_keep_their_kinds_beside_the_non_finite_one():
   """The NaN check sits beside the type checks, not in their place: a JSONL string column holding a number and a
   number column holding text are still refused, a TFRecord vector feature still passes, and a NaN inside a
   vector is named."""
-  from trainer import preflight  # pylint: disable=g-import-not-at-top
-  from trainer import schema as schema_lib  # pylint: disable=g-import-not-at-top
+  from trainer.data import schema as schema_lib  # pylint: disable=g-import-not-at-top
+  from trainer.planning import preflight  # pylint: disable=g-import-not-at-top
 
   schema = schema_lib.parse_schema({"features": [{"name": "city", "type": "string", "vocabulary": ["a", "b"]},
                                                  {"name": "x", "type": "float"},

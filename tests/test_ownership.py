@@ -8,7 +8,7 @@ import subprocess
 import time
 
 import procs
-from trainer import ownership
+from trainer.distribute import ownership
 
 NOW = 1_000_000.0
 

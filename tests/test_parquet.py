@@ -16,7 +16,7 @@ import pytest
 import procs
 import serving
 from scripts import stage_data
-from trainer import schema as schema_lib
+from trainer.data import schema as schema_lib
 
 TIMEOUT = 240
 MARGIN = 0.04  # under the baseline's accuracy (measured: 0.965 and 0.958 against 0.958)

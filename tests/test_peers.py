@@ -12,8 +12,8 @@ import time
 import pytest
 
 import procs
-from trainer import cluster as cluster_lib
-from trainer import peers
+from trainer.distribute import cluster as cluster_lib
+from trainer.distribute import peers
 
 TIMEOUT = 240
 

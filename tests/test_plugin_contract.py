@@ -14,10 +14,10 @@ import test_train
 import test_training
 import tutorial_models
 from scripts import predict
-from trainer import export
-from trainer import models
-from trainer import schema as schema_lib
-from trainer.errors import UserError
+from trainer.core.errors import UserError
+from trainer.data import schema as schema_lib
+from trainer.modeling import export
+from trainer.modeling import models
 
 SHAPES = ("sequential_softmax", "sequential_unbuilt", "binary_sigmoid", "raw_strings", "subclassed_dict_softmax",
           "subclassed_vector_logits", "subclassed_vector_softmax", "subclassed_vector_sigmoid")
@@ -36,7 +36,7 @@ def _raw_batch(schema, size=8, seed=0):
       raw[f.name] = rng.choice(list(f.vocabulary) + ["never-seen"], size=size)
     else:
       raw[f.name] = rng.normal(f.mean or 0, f.std or 1, size=size).astype(np.float32)
-  from trainer import features as features_lib  # pylint: disable=g-import-not-at-top
+  from trainer.data import features as features_lib  # pylint: disable=g-import-not-at-top
 
   encoded = features_lib.FeatureEncoder(schema).encode({k: tf.constant(v) for k, v in raw.items()})
   return raw, encoded
@@ -72,7 +72,7 @@ def test_adapted_model_gives_the_models_own_probabilities(churn_data, name):
 
 def test_a_model_that_fits_is_not_wrapped(churn_data):
   schema = _schema(churn_data)
-  from trainer import config as config_lib  # pylint: disable=g-import-not-at-top
+  from trainer.core import config as config_lib  # pylint: disable=g-import-not-at-top
 
   model = models.build_tabular(schema, config_lib.ModelConfig())
   assert models.adapt_to_contract(model, schema, flag="--model") is model
@@ -165,7 +165,7 @@ def test_a_subclassed_model_that_takes_neither_form_is_one_line(churn_data):
 
 
 def _train_and_serve(churn_data, tmp_path, name, loop, strategy):
-  from trainer import training  # pylint: disable=g-import-not-at-top
+  from trainer.training import dispatch as training  # pylint: disable=g-import-not-at-top
 
   out = tmp_path / "out"
   job = test_training.make_job(churn_data, out, "--train_steps=120", f"--loop={loop}",

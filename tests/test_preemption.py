@@ -266,7 +266,7 @@ def test_what_counts_as_a_lost_peer():
   """Only a collective or coordination error that says a peer went away; a storage outage or a bug passes."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from trainer import preemption  # pylint: disable=g-import-not-at-top
+  from trainer.distribute import preemption  # pylint: disable=g-import-not-at-top
 
   aborted = tf.errors.UnavailableError(None, None, "{{function_node __wrapped__CollectiveReduceV2_Nordering_token_1}}"
                                        " Collective ops is aborted by: recvmsg:Connection reset by peer")

@@ -1,6 +1,6 @@
 """Progress lines (what Vertex's log viewer shows), pinned with an injected clock."""
 
-from trainer import progress
+from trainer.core import progress
 
 
 def test_log_line_is_exact():

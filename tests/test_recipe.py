@@ -17,11 +17,11 @@ import procs
 import serving
 import test_train
 import test_training
-from trainer import config as config_lib
-from trainer import objective as objective_lib
-from trainer import recipe
-from trainer import schema as schema_lib
-from trainer.errors import UserError
+from trainer.core import config as config_lib
+from trainer.core.errors import UserError
+from trainer.data import schema as schema_lib
+from trainer.modeling import objective as objective_lib
+from trainer.modeling import recipe
 
 
 def _train_config(**kwargs):
@@ -67,7 +67,8 @@ _CLIP_SCRIPT = textwrap.dedent("""
     import tensorflow as tf
     tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
                                                [tf.config.LogicalDeviceConfiguration()] * 2)
-    from trainer import config as config_lib, recipe
+    from trainer.core import config as config_lib
+    from trainer.modeling import recipe
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     clip = float(sys.argv[1])
     with strategy.scope():
@@ -232,7 +233,7 @@ def probabilities_loss(schema, hparams):  # the tutorial's: a loss written for s
 
 @pytest.mark.parametrize("loop", ["custom", "fit"])
 def test_a_compiled_plugin_keeps_its_loss_and_optimizer(churn_data, tmp_path, monkeypatch, loop):
-  from trainer import training  # pylint: disable=g-import-not-at-top
+  from trainer.training import dispatch as training  # pylint: disable=g-import-not-at-top
 
   (tmp_path / "compiled_models.py").write_text(COMPILED_PLUGIN)
   monkeypatch.syspath_prepend(str(tmp_path))

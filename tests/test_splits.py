@@ -11,7 +11,7 @@ import pytest
 
 import procs
 import serving
-from trainer import schema as schema_lib
+from trainer.data import schema as schema_lib
 
 TIMEOUT = 240
 

@@ -16,11 +16,11 @@ import pytest
 
 from public_data import iris_frame
 from scripts import stage_data
-from trainer import formats
-from trainer import input_pipeline
-from trainer import preflight
-from trainer import schema as schema_lib
-from trainer.errors import UserError
+from trainer.core.errors import UserError
+from trainer.data import formats
+from trainer.data import input_pipeline
+from trainer.data import schema as schema_lib
+from trainer.planning import preflight
 
 SCHEMA = {
     "features": [
@@ -180,7 +180,7 @@ def _trainer_reads(files, schema, source):
 
 def _trainer_error(path, schema):
   """The one line a training run gives when its input pipeline fails on `path` (`data_errors` names the record)."""
-  from trainer import data_errors  # pylint: disable=g-import-not-at-top
+  from trainer.planning import data_errors  # pylint: disable=g-import-not-at-top
 
   inputs = preflight.Inputs(schema=schema, train_files=[path], eval_files=[],
                             sources={"train": _trainer_source(path, schema)})
@@ -273,7 +273,7 @@ def test_an_empty_cell_without_a_default_is_refused_as_the_trainer_refuses_it(gc
 def test_label_infers_the_schema_the_trainer_infers(gcs, tmp_path, capsys):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from trainer import schema_inference  # pylint: disable=g-import-not-at-top
+  from trainer.data import inference as schema_inference  # pylint: disable=g-import-not-at-top
 
   frame = iris_frame()
   path, headerless = str(tmp_path / "iris.csv"), str(tmp_path / "headerless.csv")

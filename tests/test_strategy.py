@@ -2,9 +2,9 @@
 
 import pytest
 
-from trainer import cluster
-from trainer import strategy
-from trainer.errors import UserError
+from trainer.core.errors import UserError
+from trainer.distribute import cluster
+from trainer.distribute import strategy
 
 LOCAL = cluster.ClusterRole()
 MULTI = cluster.ClusterRole("chief", 0, {"chief": ("c:1",), "worker": ("w:1",)}, "TF_CONFIG")

@@ -91,3 +91,46 @@ def test_the_trainer_imports_no_tooling():
   leaks = {m: sorted(t for t in targets if t.startswith("scripts")) for m, targets in graph.items()
            if m.startswith("trainer")}
   assert not {m: t for m, t in leaks.items() if t}
+
+
+# The trainer's layers, bottom first: the data's way through the trainer. Each imports only layers before it in
+# this list (anywhere in its source, lazy imports included); the commands at the top of the package (task, runner,
+# flags, schema_inference) may import any layer. docs/layout.md draws the same picture.
+LAYERS = ("trainer.core", "trainer.distribute", "trainer.data", "trainer.modeling", "trainer.planning",
+          "trainer.training")
+
+
+def _layer(module: str) -> int:
+  """The index of the module's layer in LAYERS; len(LAYERS) for the commands at the top."""
+  for index, layer in enumerate(LAYERS):
+    if module == layer or module.startswith(layer + "."):
+      return index
+  return len(LAYERS)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+  """Every (importer, imported) pair of trainer modules where the imported one sits in a higher layer."""
+  found = []
+  for module, targets in graph.items():
+    if not module.startswith("trainer."):
+      continue
+    for target in targets:
+      if target.startswith("trainer.") and _layer(target) > _layer(module):
+        found.append((module, target))
+  return sorted(found)
+
+
+def test_the_layer_checker_finds_an_upward_import():
+  graph = {"trainer.core.storage": {"trainer.data.schema"}, "trainer.data.schema": {"trainer.core.paths"},
+           "trainer.task": {"trainer.training.loop"}, "trainer.core.paths": set(), "trainer.training.loop": set()}
+  assert upward_imports(graph) == [("trainer.core.storage", "trainer.data.schema")]
+
+
+def test_each_layer_imports_only_the_layers_below():
+  assert upward_imports(import_graph()) == []
+
+
+def test_every_trainer_module_sits_in_a_layer_or_is_a_command():
+  """A new module goes into a layer; the top holds only the commands and the package's version."""
+  top = sorted(m for m in import_graph() if m.startswith("trainer") and _layer(m) == len(LAYERS))
+  assert top == ["trainer", "trainer.flags", "trainer.runner", "trainer.schema_inference", "trainer.task"]

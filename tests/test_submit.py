@@ -574,12 +574,12 @@ def test_invalid_config_uploads_nothing(gcs, tmp_path, capsys):
 
 
 def test_hypertune_metric_line(tmp_path):
-  from trainer import hypertune  # pylint: disable=g-import-not-at-top
+  from trainer.core import hypertune  # pylint: disable=g-import-not-at-top
   path = tmp_path / "hypertune" / "output.metrics"
   line = hypertune.report({"eval_accuracy": 0.91, "eval_loss": 0.2}, metric="accuracy", trial="3", step=100,
                           path=str(path), clock=lambda: 1700000000.0)
   assert json.loads(path.read_text()) == line == {"timestamp": 1700000000.0, "trial": "3", "accuracy": "0.91",
                                                   "global_step": "100", "checkpoint_path": ""}
-  from trainer.errors import UserError  # pylint: disable=g-import-not-at-top
+  from trainer.core.errors import UserError  # pylint: disable=g-import-not-at-top
   with pytest.raises(UserError, match=r"^--hypertune_metric='auc' was not computed; available: accuracy, loss"):
     hypertune.report({"eval_accuracy": 0.9, "eval_loss": 0.2}, metric="auc", trial=None, step=1, path=str(path))

@@ -17,10 +17,10 @@ import pytest
 import procs
 import serving
 from public_data import rotten_tomatoes_frame
-from trainer import feature_kinds
-from trainer import formats
-from trainer import schema as schema_lib
-from trainer import schema_inference
+from trainer.data import feature_kinds
+from trainer.data import formats
+from trainer.data import inference as schema_inference
+from trainer.data import schema as schema_lib
 
 TIMEOUT = 240
 # The built-in model's margin under the baseline (measured: 0.777 at 600 steps against 0.773).
@@ -223,7 +223,7 @@ def test_a_text_feature_with_missing_values_reads_them_as_empty(tmp_path):
     ({"name": "t", "type": "text", "vocabulary": ["a"], "bigrams": ["[UNK] b"]}, "has bigram '[UNK] b'"),
 ])
 def test_bad_text_schemas_are_one_line(feature, message):
-  from trainer.errors import UserError  # pylint: disable=g-import-not-at-top
+  from trainer.core.errors import UserError  # pylint: disable=g-import-not-at-top
 
   with pytest.raises(UserError, match=re.escape(message)):
     schema_lib.parse_schema({"features": [feature], "label": {"name": "y", "type": "float"}}, source="s.json")

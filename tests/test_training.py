@@ -10,14 +10,14 @@ import pytest
 import tensorflow as tf
 from absl import flags
 
-from trainer import config as config_lib
-from trainer import preflight
 from trainer import flags as trainer_flags
-from trainer import job as job_lib
-from trainer import models
-from trainer import plan as plan_lib
-from trainer import strategy as strategy_lib
-from trainer import training
+from trainer.core import config as config_lib
+from trainer.distribute import plan as plan_lib
+from trainer.distribute import strategy as strategy_lib
+from trainer.modeling import models
+from trainer.planning import job as job_lib
+from trainer.planning import preflight
+from trainer.training import dispatch as training
 
 
 def make_job(churn_data, out, *args, strategy="default"):
@@ -122,7 +122,7 @@ def _overflowing_data(churn_data, tmp_path):
 
 @pytest.mark.parametrize("loop", ["custom", "fit"])
 def test_a_non_finite_loss_stops_before_anything_is_saved(churn_data, tmp_path, loop):
-  from trainer.errors import UserError  # pylint: disable=g-import-not-at-top
+  from trainer.core.errors import UserError  # pylint: disable=g-import-not-at-top
 
   out = tmp_path / "out"
   job = make_job(_overflowing_data(churn_data, tmp_path), out, "--train_steps=40", "--checkpoint_every_steps=10",
@@ -165,7 +165,7 @@ def test_a_bug_in_the_model_is_not_called_bad_data(churn_data, tmp_path, monkeyp
   unchanged, with its traceback, and no file is read again to look for a bad record."""
   (tmp_path / "buggy_models.py").write_text(BUGGY_PLUGIN)
   monkeypatch.syspath_prepend(str(tmp_path))
-  from trainer import preflight as preflight_lib  # pylint: disable=g-import-not-at-top
+  from trainer.planning import preflight as preflight_lib  # pylint: disable=g-import-not-at-top
 
   looked_up = []
   monkeypatch.setattr(preflight_lib, "find_bad_record", lambda *a, **k: looked_up.append(a))
@@ -178,7 +178,7 @@ def test_a_bug_in_the_model_is_not_called_bad_data(churn_data, tmp_path, monkeyp
 def test_an_error_out_of_the_input_pipeline_is_named_and_keeps_its_cause(churn_data, tmp_path):
   """A record that does not fit, met deep in training: one line naming file, record and column, TF's error as
   its cause."""
-  from trainer.errors import UserError  # pylint: disable=g-import-not-at-top
+  from trainer.core.errors import UserError  # pylint: disable=g-import-not-at-top
 
   data = tmp_path / "data"
   (data / "train").mkdir(parents=True)

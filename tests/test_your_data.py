@@ -15,8 +15,8 @@ import serving
 from public_data import digits_rows
 from public_data import iris_frame
 from public_data import write_jsonl
-from trainer import schema as schema_lib
 from trainer import task
+from trainer.data import schema as schema_lib
 
 TIMEOUT = 240
 

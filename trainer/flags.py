@@ -11,13 +11,13 @@ from typing import Any
 
 from absl import flags
 
-from trainer import config as config_lib
-from trainer import hparams as hparams_lib
-from trainer import model_registry
-from trainer import objective as objective_lib
-from trainer import paths
-from trainer import schema as schema_lib
-from trainer.errors import UserError
+from trainer.core import config as config_lib
+from trainer.core import hparams as hparams_lib
+from trainer.core import paths
+from trainer.core.errors import UserError
+from trainer.data import schema as schema_lib
+from trainer.modeling import model_registry
+from trainer.modeling import objective as objective_lib
 
 
 class _WholeNumberParser(flags.IntegerParser):
@@ -270,7 +270,7 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment, *,
 
 def _vertex_data_format(env: config_lib.Environment, requested: str, train_pattern: str) -> str | None:
   """AIP_DATA_FORMAT of a Vertex managed-dataset job, checked; None where it is unset or a flag overrides it."""
-  from trainer import formats  # pylint: disable=g-import-not-at-top
+  from trainer.data import formats  # pylint: disable=g-import-not-at-top
 
   value = env.aip_data_format
   if train_pattern.startswith("bq://") or (value or "").lower() == "bigquery":

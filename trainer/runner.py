@@ -22,26 +22,26 @@ from typing import Any, TextIO
 from absl import logging
 
 from trainer import __version__ as trainer_version
-from trainer import actions
-from trainer import checkpoints
-from trainer import cluster as cluster_lib
-from trainer import config as config_lib
-from trainer import export
-from trainer import ownership
-from trainer import paths
-from trainer import peers
-from trainer import hypertune
-from trainer import model_registry
-from trainer import models
-from trainer import parquet
-from trainer import plan as plan_lib
-from trainer import preemption
-from trainer import preflight
-from trainer import servers
-from trainer import storage
-from trainer import strategy as strategy_lib
-from trainer.errors import DataError
-from trainer.errors import UserError
+from trainer.core import config as config_lib
+from trainer.core import hypertune
+from trainer.core import paths
+from trainer.core import storage
+from trainer.core.errors import DataError
+from trainer.core.errors import UserError
+from trainer.data import parquet
+from trainer.distribute import cluster as cluster_lib
+from trainer.distribute import ownership
+from trainer.distribute import peers
+from trainer.distribute import plan as plan_lib
+from trainer.distribute import preemption
+from trainer.distribute import servers
+from trainer.distribute import strategy as strategy_lib
+from trainer.modeling import export
+from trainer.modeling import model_registry
+from trainer.modeling import models
+from trainer.planning import preflight
+from trainer.training import actions
+from trainer.training import checkpoints
 
 
 
@@ -145,13 +145,13 @@ def _build_and_train(config: config_lib.Config, env: config_lib.Environment, pla
     tf.config.run_functions_eagerly(True)
     logging.info("Running eagerly (--run_eagerly): same strategy, no tf.function compilation")
 
-  from trainer import job as job_lib  # pylint: disable=g-import-not-at-top
-  from trainer import training  # pylint: disable=g-import-not-at-top
+  from trainer.planning import job as job_lib  # pylint: disable=g-import-not-at-top
+  from trainer.training import dispatch as training  # pylint: disable=g-import-not-at-top
 
   job = job_lib.build_job(config, plan, inputs, strategy, env=env, interactive=interactive, peer_watchdog=watchdog)
 
   if role.is_evaluator:
-    from trainer import evaluation  # pylint: disable=g-import-not-at-top
+    from trainer.training import evaluation  # pylint: disable=g-import-not-at-top
 
     return evaluation.run_sidecar(job)
 
@@ -163,7 +163,7 @@ def _build_and_train(config: config_lib.Config, env: config_lib.Environment, pla
     storage.write_json(paths.join_path(config.output.checkpoint_dir, export.RUN_RECORD_FILE), run_record)
   try:
     with _peers_may_vanish(plan, "training or evaluation"):
-      result = training.train(job)  # data errors are named where the data is read (trainer/data_errors.py)
+      result = training.train(job)  # data errors are named where the data is read (trainer/planning/data_errors.py)
   except DataError as error:
     kept = _kept_for_rerun(config, error, is_chief=role.is_chief)
     if kept is not None:

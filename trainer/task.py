@@ -21,15 +21,15 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from trainer import config as config_lib
 from trainer import flags as trainer_flags
-from trainer import hparams as hparams_lib
-from trainer import logs
-from trainer import preemption
-from trainer import storage
-from trainer.errors import EXIT_EXTERNAL_FAILURE
-from trainer.errors import ExternalFailure
-from trainer.errors import UserError
+from trainer.core import config as config_lib
+from trainer.core import hparams as hparams_lib
+from trainer.core import logs
+from trainer.core import storage
+from trainer.core.errors import EXIT_EXTERNAL_FAILURE
+from trainer.core.errors import ExternalFailure
+from trainer.core.errors import UserError
+from trainer.distribute import preemption
 
 EXIT_USER_ERROR = 2
 
@@ -101,7 +101,7 @@ def main(argv: list[str]) -> int:
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
-  """absl's parser, with a plug-in model's declared hyperparameters as flags (`trainer.hparams`); a bad flag is
+  """absl's parser, with a plug-in model's declared hyperparameters as flags (`trainer.core.hparams`); a bad flag is
   one 'error:' line and exit 2 like every other bad input."""
   try:
     storage.configure_gcs(os.environ)  # before the plug-in module (which may import TensorFlow) is imported

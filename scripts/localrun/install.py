@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from scripts.localrun.planning import LocalRunError
-from trainer import paths
+from trainer.core import paths
 
 
 def install_package(uri: str, target: str, *, client) -> str:

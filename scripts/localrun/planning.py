@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from scripts import vertex_config
-from trainer import cluster as cluster_lib
+from trainer.distribute import cluster as cluster_lib
 
 POOL_TYPES = tuple(cluster_lib.VERTEX_POOLS.values())  # pool index -> TF_CONFIG task type
 
@@ -102,7 +102,7 @@ def local_argv(command: tuple[str, ...]) -> list[str]:
 def check_trainer_args(replicas: list[Replica]) -> None:
   """Checks each replica's args as the trainer will (flags and values), so a bad one fails before start."""
   from trainer import flags as trainer_flags  # pylint: disable=g-import-not-at-top
-  from trainer.errors import UserError  # pylint: disable=g-import-not-at-top
+  from trainer.core.errors import UserError  # pylint: disable=g-import-not-at-top
 
   for replica in replicas:
     try:

@@ -1,0 +1,279 @@
+"""Each kind of feature's behaviour in one place: a new kind is one class here (and its tests).
+
+A kind answers, for a schema `Feature` of its type, everything the rest of the trainer asks of a column:
+- `parse_shape` and `parse_dtype`: how a `tf.train.Example` (and the other readers) hold it, per example;
+- `json_kind`: the JSON value a JSONL line holds for it ("number", "array", "string", "image");
+- `model_input`: the shape and dtype of the model input after encoding (Keras inputs, sample batches);
+- `serving_input`: the shape and dtype of the serving signature's input (the raw value a request carries);
+- `openapi`: the OpenAPI 3.0 schema object of that value in one Vertex instance;
+- `encode`: the raw parsed column -> the model input, in the graph (training and serving alike);
+- `example_list` and `example_values`: how the one `tf.train.Example` writer (`trainer.planning.examples`) stores a value.
+
+Shapes are per example (no batch dimension); dtypes are TensorFlow dtype names, so this module imports no
+TensorFlow until `encode` runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from trainer.core.errors import DATA_CHECK_PREFIX
+from trainer.data import schema as schema_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """A shape per example (no batch dimension) and a TensorFlow dtype name."""
+
+  shape: tuple[int, ...]
+  dtype: str
+
+
+class Kind:
+  """The behaviour every kind has; subclasses fill in what differs."""
+
+  type: str = ""
+
+  def parse_shape(self, feature: schema_lib.Feature) -> tuple[int, ...]:
+    return ()
+
+  def parse_dtype(self, feature: schema_lib.Feature) -> str:
+    return schema_lib.PARSE_DTYPES[self.type]
+
+  @property
+  def example_list(self) -> str:
+    return schema_lib.EXAMPLE_LISTS[self.type]
+
+  def example_values(self, feature: schema_lib.Feature, value: Any) -> list:
+    """The values of the Example list for one example's `value`."""
+    raise NotImplementedError
+
+  def json_kind(self, feature: schema_lib.Feature) -> str:
+    raise NotImplementedError
+
+  def model_input(self, feature: schema_lib.Feature) -> Spec:
+    raise NotImplementedError
+
+  def serving_input(self, feature: schema_lib.Feature) -> Spec:
+    raise NotImplementedError
+
+  def openapi(self, feature: schema_lib.Feature) -> dict[str, Any]:
+    raise NotImplementedError
+
+  def encode(self, feature: schema_lib.Feature, value, *, table=None):
+    """The model input for a batch of parsed values (`table`: the feature's vocabulary lookup, if any)."""
+    raise NotImplementedError
+
+  def load(self, feature: schema_lib.Feature, value):
+    """The value a request would carry for a batch of parsed values: for a `uri` feature, the files' bytes (read
+    in the input pipeline only: serving takes the value itself); else the values unchanged."""
+    if not feature.uri:
+      return value
+    return read_files(value, check_image=feature.type == "image", name=feature.name)
+
+
+_NUMBER = {"type": "number", "format": "float"}
+
+
+class Numeric(Kind):
+  """`float` and `int`: one number per example, or N (`"shape": [N]`); standardized by the built-in models."""
+
+  def __init__(self, type_name: str):
+    self.type = type_name
+
+  def parse_shape(self, feature):
+    return (feature.values_per_example,) if feature.values_per_example > 1 else ()
+
+  def example_values(self, feature, value):
+    cast = int if self.type == "int" else float
+    return [cast(v) for v in (value if feature.values_per_example > 1 else [value])]
+
+  def json_kind(self, feature):
+    return "array" if feature.values_per_example > 1 else "number"
+
+  def model_input(self, feature):
+    return Spec(self.parse_shape(feature), "float32")
+
+  def serving_input(self, feature):
+    return Spec(self.parse_shape(feature), "float32")
+
+  def openapi(self, feature):
+    if feature.values_per_example > 1:
+      return {"type": "array", "items": dict(_NUMBER), "minItems": feature.values_per_example,
+              "maxItems": feature.values_per_example}
+    return dict(_NUMBER)
+
+  def encode(self, feature, value, *, table=None):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    return tf.cast(value, tf.float32)
+
+
+class Categorical(Kind):
+  """`string`: one of a vocabulary; encoded as an id (0 is out of vocabulary), embedded by the built-in models."""
+
+  type = "string"
+
+  def example_values(self, feature, value):
+    return [value if isinstance(value, bytes) else str(value).encode()]
+
+  def json_kind(self, feature):
+    return "string"
+
+  def model_input(self, feature):
+    return Spec((), "int64")
+
+  def serving_input(self, feature):
+    return Spec((), "string")
+
+  def openapi(self, feature):
+    value: dict[str, Any] = {"type": "string"}
+    if feature.vocabulary:
+      value["description"] = f"one of {len(feature.vocabulary)} known values; others map to the OOV bucket"
+    return value
+
+  def encode(self, feature, value, *, table=None):
+    return table.lookup(value)
+
+
+class Text(Kind):
+  """`text`: free text. Every model gets the raw string (the built-in ones tokenize it in the graph with Keras'
+  `TextVectorization` over the schema's token vocabulary, which TF Serving runs as plain string and lookup ops)."""
+
+  type = "text"
+
+  def example_values(self, feature, value):
+    return [value if isinstance(value, bytes) else str(value).encode()]
+
+  def json_kind(self, feature):
+    return "string"
+
+  def model_input(self, feature):
+    return Spec((), "string")
+
+  def serving_input(self, feature):
+    return Spec((), "string")
+
+  def openapi(self, feature):
+    return {"type": "string", "description": f"free text; {len(feature.vocabulary)} known words"}
+
+  def encode(self, feature, value, *, table=None):
+    return value
+
+
+# Keras' TextVectorization defaults (standardize="lower_and_strip_punctuation", split="whitespace"), which the
+# built-in models use: tf.strings.lower (ASCII letters only), this punctuation removed, split at ASCII whitespace.
+TEXT_STRIP_PATTERN = r'[!"#$%&()\*\+,-\./:;<=>?@\[\\\]^_`{|}~\']'
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def text_tokens(text: str) -> list[str]:
+  """The tokens Keras' default TextVectorization makes of `text`, in plain Python (schema inference)."""
+  import re  # pylint: disable=g-import-not-at-top
+
+  stripped = re.sub(TEXT_STRIP_PATTERN, "", text.translate(_ASCII_LOWER))
+  return [token for token in re.split(r"[ \t\n\r\f\v]+", stripped) if token]
+
+
+class Image(Kind):
+  """`image`: raw uint8 bytes of the schema's shape, or PNG/JPEG bytes decoded (and resized) in the graph."""
+
+  type = "image"
+
+  def example_values(self, feature, value):
+    return [value if isinstance(value, bytes) else value.tobytes()]
+
+  def json_kind(self, feature):
+    return "string" if feature.uri else "image"
+
+  def model_input(self, feature):
+    return Spec(tuple(feature.shape), "float32")
+
+  def serving_input(self, feature):
+    if feature.encoding in schema_lib.ENCODED_IMAGES:
+      # An image file's bytes; in Vertex's JSON instances {"b64": "..."}, which TF Serving decodes for string inputs.
+      return Spec((), "string")
+    return Spec(tuple(feature.shape), "float32")
+
+  def openapi(self, feature):
+    if feature.encoding in schema_lib.ENCODED_IMAGES:
+      # Binary strings travel as {"b64": ...} in Vertex's JSON instances.
+      return {"type": "object", "required": ["b64"], "properties": {"b64": {"type": "string", "format": "byte"}},
+              "description": "an image file's bytes (PNG, JPEG, GIF or BMP), base64"}
+    shaped: dict[str, Any] = dict(_NUMBER)
+    for size in reversed(feature.shape or ()):
+      shaped = {"type": "array", "items": shaped, "minItems": size, "maxItems": size}
+    return shaped
+
+  def encode(self, feature, value, *, table=None):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    if value.dtype == tf.string:
+      value = _decode_images(value, feature)
+    return tf.cast(value, tf.float32)
+
+
+# The first bytes of the image files decode_image reads: PNG, JPEG, GIF, BMP.
+_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF8", b"BM")
+
+
+def read_files(uris, *, check_image: bool, name: str):
+  """The bytes of each file a batch of URIs names (gs://, /gcs/ read as gs://, local), read in parallel in the
+  graph. A missing file fails with TensorFlow's NotFoundError naming it; an image file that is not PNG, JPEG, GIF
+  or BMP fails a data check naming it (decode_image's own error does not)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  uris = tf.strings.regex_replace(uris, "^/gcs/", "gs://")
+  contents = tf.map_fn(tf.io.read_file, uris, fn_output_signature=tf.string, parallel_iterations=32)
+  if not check_image:
+    return contents
+  known = [tf.equal(tf.strings.substr(contents, 0, len(magic)), magic) for magic in _IMAGE_MAGIC]
+  bad = tf.logical_not(tf.reduce_any(tf.stack(known), axis=0))
+  check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [
+      f"{DATA_CHECK_PREFIX} {URI_PROBLEM} column {name!r} names a file that is not a PNG, JPEG, GIF or "
+      "BMP image:", tf.boolean_mask(uris, bad)[:1]])
+  with tf.control_dependencies([check]):
+    return tf.identity(contents)
+
+
+URI_PROBLEM = "[uri]"  # marks a data check about a file a column names: data_errors reports it as it is
+
+
+def _decode_images(data, feature: schema_lib.Feature):
+  """uint8 or float32 [batch, height, width, channels] from raw bytes or image files' bytes, PNG, JPEG, GIF (its
+  first frame) or BMP (resized to the schema's shape where an image differs, as Keras'
+  image_dataset_from_directory does)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  height, width, channels = feature.shape
+  if feature.encoding in (None, "raw"):
+    return tf.reshape(tf.io.decode_raw(data, tf.uint8), (-1,) + feature.shape)
+
+  def decode_gif_or_bmp(one):
+    # Their decoders give 3 (or 4) channels only: RGB, then the schema's channels.
+    image = tf.io.decode_image(one, channels=3, expand_animations=False)
+    return tf.image.rgb_to_grayscale(image) if channels == 1 else image
+
+  def decode(one):
+    gif_or_bmp = tf.logical_or(tf.equal(tf.strings.substr(one, 0, 4), b"GIF8"),
+                               tf.equal(tf.strings.substr(one, 0, 2), b"BM"))
+    image = tf.cond(gif_or_bmp, lambda: decode_gif_or_bmp(one),
+                    lambda: tf.io.decode_image(one, channels=channels, expand_animations=False))
+    image = tf.ensure_shape(image, [None, None, channels])
+    same = tf.reduce_all(tf.shape(image)[:2] == [height, width])
+    image = tf.cond(same, lambda: tf.cast(image, tf.float32),
+                    lambda: tf.image.resize(tf.cast(image, tf.float32), [height, width]))
+    return tf.ensure_shape(image, feature.shape)
+
+  return tf.map_fn(decode, data, fn_output_signature=tf.TensorSpec(feature.shape, tf.float32), parallel_iterations=32)
+
+
+KINDS: dict[str, Kind] = {"float": Numeric("float"), "int": Numeric("int"), "string": Categorical(),
+                          "text": Text(), "image": Image()}
+assert tuple(KINDS) == schema_lib.FEATURE_TYPES, "every schema feature type has its kind"
+
+
+def of(feature: schema_lib.Feature) -> Kind:
+  """The kind of `feature` (its schema type)."""
+  return KINDS[feature.type]

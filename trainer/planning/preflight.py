@@ -1,0 +1,588 @@
+"""Pre-flight: everything checked or counted from the data before any device or peer is touched.
+
+File patterns are expanded, each split's format and compression resolved (`formats`), the schema read or
+inferred (`schema_inference`), the records of every split (train, eval, test: all of a small split, a sample of
+--preflight_records of a large one) read in plain Python and checked against it, with the image files they name,
+records counted for --epochs; failures are one-line `UserError`s. When training does hit a bad record later,
+`find_bad_record` reads the split's files again in Python to name the flag, file, record and column (for
+`data_errors`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from absl import logging
+
+from trainer.core import config as config_lib
+from trainer.core import paths
+from trainer.core import storage
+from trainer.core.errors import first_line
+from trainer.core.errors import UserError
+from trainer.data import features as features_lib
+from trainer.data import formats
+from trainer.data import inference as schema_inference
+from trainer.data import schema as schema_lib
+from trainer.modeling import export
+from trainer.modeling import model_registry
+from trainer.modeling import recipe
+
+
+# Files a pattern such as gs://b/data/* also matches that are not data: the schema beside it.
+# The run record the runner writes beside the checkpoints (its schema is reused when a run restarts).
+
+
+def validate_schema_for_format(schema: schema_lib.Schema, source: formats.Source, files: list[str], *,
+                               flag: str) -> None:
+  if schema.label.multi_label and source.format != "jsonl":
+    raise UserError(f"{flag}: label {schema.label.name!r} is multi-label (a list of class names per record), which "
+                    f"is read from JSONL (Vertex's multi-label export, or a JSON array of names); this is "
+                    f"{source.describe()}")
+  if source.format == "parquet":
+    from trainer.data import parquet  # pylint: disable=g-import-not-at-top
+
+    parquet.check_types(files[0], schema, flag=flag)
+  if source.format == "csv":
+    images = [f.name for f in schema.features if f.type == "image" and not f.uri]
+    if images:
+      raise UserError(f"{flag}: CSV cannot hold image feature(s) {', '.join(images)}; use TFRecord or JSONL, or "
+                      "image URIs (\"uri\": true)")
+    lists = [f.name for f in schema.features if f.values_per_example > 1]
+    if lists:
+      raise UserError(f"{flag}: CSV cannot hold multi-valued feature(s) {', '.join(lists)}; use TFRecord or JSONL")
+    missing = [c for c in schema.columns if c not in source.columns]
+    if missing:
+      raise UserError(f"{flag}: the CSV columns ({', '.join(source.columns)}) lack {', '.join(missing)} named in "
+                      "the schema")
+
+
+def count_records(files: list[str], source: formats.Source) -> int:
+  """Records in `files` (one pass; used to turn --epochs into steps)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  if source.format == "parquet":
+    from trainer.data import parquet  # pylint: disable=g-import-not-at-top
+
+    return sum(parquet.num_rows(path, flag="--train_data") for path in files)
+  if source.format == "image_folder":
+    return len(files)
+  if source.format == "tfrecord":
+    ds = tf.data.TFRecordDataset(files, compression_type=source.compression, num_parallel_reads=tf.data.AUTOTUNE)
+  else:
+    skip = 1 if source.header else 0
+    ds = tf.data.Dataset.from_tensor_slices(files).interleave(
+        lambda path: tf.data.TextLineDataset(path, compression_type=source.compression).skip(skip),
+        num_parallel_calls=tf.data.AUTOTUNE).filter(lambda line: tf.strings.length(tf.strings.strip(line)) > 0)
+    if source.ml_use:
+      ds = ds.filter(formats.ml_use_predicate(source.ml_use))
+  return int(ds.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+
+
+SPLIT_FLAGS = {"train": "--train_data", "eval": "--eval_data", "test": "--test_data"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+  """What pre-flight found: the schema (and where it came from), each split's files and how to read them."""
+
+  schema: schema_lib.Schema
+  train_files: list[str]
+  eval_files: list[str]
+  sources: dict[str, formats.Source]  # "train"/"eval"/"test"
+  schema_origin: str = ""
+  class_weights: tuple[float, ...] | None = None  # --class_weights by class id
+  test_files: list[str] = dataclasses.field(default_factory=list)  # --test_data, evaluated once after training
+  # The flag that names each split's files, for messages (a split of Vertex's export is --train_data's).
+  flags: dict[str, str] = dataclasses.field(default_factory=lambda: dict(SPLIT_FLAGS))
+
+  def flag(self, split: str) -> str:
+    return self.flags.get(split, SPLIT_FLAGS[split])
+
+  def files(self, split: str) -> list[str]:
+    return {"train": self.train_files, "eval": self.eval_files, "test": self.test_files}[split]
+
+
+def check_inputs(config: config_lib.Config) -> Inputs:
+  """Files, formats, the schema (read or inferred) and first records: checked in plain Python before any device
+  is touched."""
+  data_cfg = config.data
+  splits = {"train": ("--train_data", data_cfg.train_pattern)}
+  if data_cfg.eval_pattern and config.train.eval_steps != 0:
+    splits["eval"] = ("--eval_data", data_cfg.eval_pattern)
+  if data_cfg.test_pattern:
+    splits["test"] = ("--test_data", data_cfg.test_pattern)
+  files, sources = {}, {}
+  for split, (flag, pattern) in splits.items():
+    files[split] = storage.list_files(pattern, flag=flag)
+    if data_cfg.format == "auto" and not data_cfg.vertex_format:
+      files[split], left_out = formats.image_folder_files(files[split])
+      if left_out:
+        logging.warning("%s: %d image file(s) and %d other file(s), left out as Keras' image_dataset_from_directory "
+                        "leaves them: %s", flag, len(files[split]), len(left_out),
+                        ", ".join(left_out[:5]) + (", ..." if len(left_out) > 5 else ""))
+    sources[split] = formats.resolve(files[split], requested=data_cfg.format, vertex_format=data_cfg.vertex_format,
+                                     flag=flag)
+  if data_cfg.label is None and sources["train"].format == "image_folder":
+    data_cfg = dataclasses.replace(data_cfg, label=formats.IMAGE_FOLDER_LABEL)
+    config = dataclasses.replace(config, data=data_cfg)
+  if data_cfg.label is None:
+    vertex_label = formats.vertex_export_label(files["train"][0], sources["train"], flag="--train_data")
+    if vertex_label:
+      logging.info("--train_data: Vertex's classification export: the label is %s", vertex_label)
+      data_cfg = dataclasses.replace(data_cfg, label=vertex_label)
+      config = dataclasses.replace(config, data=data_cfg)
+  if data_cfg.label in formats.VERTEX_LABELS and sources["train"].format == "jsonl" and not data_cfg.splits_from_vertex:
+    _split_by_ml_use(splits, files, sources, evaluate=config.train.eval_steps != 0)
+  schema = _read_schema(config)
+  for split, (flag, _) in splits.items():
+    if sources[split].format == "csv":
+      sources[split] = csv_columns(sources[split], files[split][0], schema, columns=data_cfg.csv_columns,
+                                   multiline=data_cfg.csv_multiline, flag=flag)
+    if sources[split].format == "parquet" and (schema is not None or split != "train"):
+      # Footers only: a part written with other types is named before training (schema inference checks the
+      # training files itself, before it samples them).
+      from trainer.data import parquet  # pylint: disable=g-import-not-at-top
+
+      parquet.check_files_agree(files[split], flag=flag)
+  origin = data_cfg.schema_path
+  if schema is None:
+    schema, origin = _infer_schema(config, files["train"], sources["train"])
+  for split, (flag, _) in splits.items():
+    validate_schema_for_format(schema, sources[split], files[split], flag=flag)
+    check_first_record(files[split][0], sources[split], schema, flag=flag)
+  for split, (flag, _) in splits.items():
+    check_split(files[split], sources[split], schema, flag=flag, budget=data_cfg.preflight_records)
+  if config.model.name in model_registry.IMAGE_MODELS and not any(f.type == "image" for f in schema.features):
+    raise UserError(f"--model={config.model.name} needs an image feature in the schema (type 'image'); use "
+                    "--model=tabular")
+  for split, (flag, _) in splits.items():
+    logging.info("%s: %d file(s) of %s", flag, len(files[split]), sources[split].describe())
+  recipe.check_for_schema(config.train, schema)
+  class_weights = None
+  if config.train.class_weights is not None:
+    labels = (_label_values(files["train"], sources["train"], schema, limit=data_cfg.infer_sample_rows)
+              if config.train.class_weights == "balanced" and schema.task == "classification" else None)
+    class_weights = recipe.class_weights(config.train, schema, labels)
+    logging.info("--class_weights=%s: %s", config.train.class_weights,
+                 ", ".join(f"{name}: {w:.4g}" for name, w in zip(schema.label.vocabulary or range(len(class_weights)),
+                                                                 class_weights)))
+  return Inputs(schema=schema, train_files=files["train"], eval_files=files.get("eval", []), sources=sources,
+                schema_origin=origin, class_weights=class_weights, test_files=files.get("test", []),
+                flags={split: flag for split, (flag, _) in splits.items()})
+
+
+def _split_by_ml_use(splits: dict[str, tuple[str, str]], files: dict[str, list[str]],
+                     sources: dict[str, formats.Source], *, evaluate: bool) -> None:
+  """A Vertex export given as --train_data trains on its training lines only, when its ml_use labels assign
+  others to validation or test; those are the eval and test splits unless --eval_data / --test_data name others
+  (an --eval_data that is the same export reads its validation lines). In place, on pre-flight's split tables."""
+  counts = formats.count_ml_use(files["train"], sources["train"], flag="--train_data")
+  if not counts["validation"] and not counts["test"]:
+    return
+  if not counts["training"] + counts[""]:
+    raise UserError(f"--train_data: every line of {splits['train'][1]} has ml_use validation or test "
+                    f"({counts['validation']} and {counts['test']}); none is left to train on")
+  train_flag, train_pattern = splits["train"]
+  sources["train"] = dataclasses.replace(sources["train"], ml_use="training")
+  chosen = []
+  for split, ml_use, wanted in (("eval", "validation", evaluate), ("test", "test", True)):
+    if not counts[ml_use] or not wanted:
+      continue
+    if split not in splits or splits[split][1] == train_pattern:
+      splits[split] = (train_flag, train_pattern)
+      files[split] = files["train"]
+      sources[split] = dataclasses.replace(sources["train"], ml_use=ml_use)
+      chosen.append(f"{'evaluates' if split == 'eval' else 'tests'} on the {counts[ml_use]} {ml_use} lines")
+  logging.info("--train_data: Vertex's export splits its lines by ml_use (%d training, %d unset, %d validation, "
+               "%d test): trains on the training and unset ones%s", counts["training"], counts[""],
+               counts["validation"], counts["test"], "".join(", " + c for c in chosen))
+
+
+def _label_values(files: list[str], source: formats.Source, schema: schema_lib.Schema, *, limit: int):
+  """The label of up to `limit` training records (the bounded, deterministic sample schema inference reads)."""
+  for _, record in schema_inference.sample_records(files, source, limit=limit, flag="--train_data"):
+    value = record.get(schema.label.name)
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], list):
+      value = value[1]  # a tf.train.Example feature: (kind, values)
+    if isinstance(value, list):
+      value = value[0] if value else None
+    if value is not None:
+      yield value
+
+
+def _read_schema(config: config_lib.Config) -> schema_lib.Schema | None:
+  """The schema file (--schema, else schema.json beside the data), or None when there is none to read."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  data_cfg = config.data
+  if not data_cfg.schema_given and not tf.io.gfile.exists(data_cfg.schema_path):
+    if data_cfg.label is None:
+      raise UserError(f"no schema: {data_cfg.schema_path} does not exist; pass --label=COLUMN to infer one from "
+                      "the data, or --schema=FILE (python -m trainer.schema_inference writes one to review)")
+    return None
+  schema = schema_lib.load_schema(data_cfg.schema_path, label=data_cfg.label)
+  if data_cfg.label is not None and data_cfg.label != schema.label.name:
+    raise UserError(f"--label={data_cfg.label!r} but the schema {data_cfg.schema_path} names the label "
+                    f"{schema.label.name!r}; drop --label or fix the schema")
+  return schema
+
+
+def csv_columns(source: formats.Source, path: str, schema: schema_lib.Schema | None, *,
+                columns: tuple[str, ...] | None = None, multiline: bool | None = None, flag: str) -> formats.Source:
+  """A CSV source's columns and header as the trainer settles them for `path`: `columns` (--csv_columns), else
+  the schema's `columns`, checked against the first row; else its header row; else, with a schema and as many
+  fields as it has columns, the schema's order. Public so that a tool converting CSV (staging it as TFRecord) reads
+  a file exactly as training does."""
+  columns = columns or (schema.csv_columns if schema is not None else None)
+  source = formats.csv_source(source, path, columns=columns, flag=flag, multiline=multiline)
+  if not source.header and columns is None and schema is not None:
+    if len(source.columns) != len(schema.columns):
+      raise UserError(f"{flag}: {path} has no header row and {len(source.columns)} fields per row, the schema "
+                      f"{len(schema.columns)} columns; name them with --csv_columns or the schema's 'columns'")
+    logging.info("%s: %s has no header row: its columns are read in the schema's order (%s)", flag, path,
+                 ", ".join(schema.columns))
+    source = dataclasses.replace(source, columns=schema.columns)
+  elif not source.header and columns is None:
+    logging.info("%s: %s has no header row: its columns are named %s..%s (--csv_columns names them)", flag, path,
+                 source.columns[0], source.columns[-1])
+  return source
+
+
+def _shortened(value: dict[str, Any], *, shown: int = 20) -> dict[str, Any]:
+  """The schema as logged: a long vocabulary (a text feature's thousands of words and word pairs) cut to its first
+  entries."""
+  def cut(column):
+    for key in ("vocabulary", "bigrams"):
+      entries = column.get(key)
+      if entries and len(entries) > shown:
+        column = {**column, key: entries[:shown] + [f"... {len(entries)} in all"]}
+    return column
+
+  return {**value, "features": [cut(f) for f in value["features"]], "label": cut(value["label"])}
+
+
+def _infer_schema(config: config_lib.Config, files: list[str],
+                  source: formats.Source) -> tuple[schema_lib.Schema, str]:
+  """A schema inferred from the training data; on a restart, the one the run inferred when it started (a grown
+  dataset must not change the vocabularies under existing checkpoints)."""
+  import json  # pylint: disable=g-import-not-at-top
+
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  record_path = paths.join_path(config.output.checkpoint_dir, export.RUN_RECORD_FILE)
+  if tf.io.gfile.exists(record_path):
+    try:
+      with tf.io.gfile.GFile(record_path) as f:
+        stored = json.load(f).get("schema")
+    except (tf.errors.OpError, ValueError, AttributeError) as e:
+      # Not silently re-inferred: a schema inferred again from grown data could change the vocabularies under
+      # the run's checkpoints.
+      raise UserError(f"--checkpoint_dir: {record_path} cannot be read ({first_line(e)}); it holds the schema this "
+                      "run inferred when it started: restore it, pass --schema, or start over in an empty "
+                      "--checkpoint_dir") from e
+    if stored:
+      schema = schema_lib.parse_schema(stored, source=record_path)
+      if schema.label.name == config.data.label:
+        logging.info("Schema: the one this run inferred when it started (%s)", record_path)
+        return schema, record_path
+  data_cfg = config.data
+  inference = schema_inference.InferenceConfig(label=data_cfg.label, task=data_cfg.task,
+                                               sample_rows=data_cfg.infer_sample_rows)
+  schema = schema_inference.infer_schema(files, source, inference, flag="--train_data", log=logging.info,
+                                          warn=logging.warning)
+  logging.info("Schema (inferred; written beside the model as %s): %s", schema_lib.SCHEMA_FILE,
+               json.dumps(_shortened(schema.to_dict()), sort_keys=True))
+  return schema, "inferred from --train_data"
+
+
+def check_first_record(path: str, source: formats.Source, schema: schema_lib.Schema, *, flag: str) -> None:
+  """Reads the first record of `path` in plain Python and checks it against the schema: a mismatch is one line
+  before any device or peer is touched (no TensorFlow op may run before the strategy is built)."""
+  for where, record in formats.iter_records(path, source, flag=flag):
+    problem = record_problem(record, schema, source)
+    if problem:
+      raise UserError(f"{flag}: {path} {where}: {problem}")
+    return
+  raise UserError(f"{flag}: {path} holds no records")
+
+
+_FILE_READERS = 16  # image files named by records, read at once (each a request of its own on gs://)
+
+
+def check_split(files: list[str], source: formats.Source, schema: schema_lib.Schema, *, flag: str,
+                budget: int) -> None:
+  """Checks a split's records in plain Python before training, so a bad value in the eval or test data is refused
+  before hours of training rather than found after them: every record's values against the schema's types, its
+  label against the training classes, and every file a record names read (an image decode-checked,
+  `schema_inference.image_problem`). All records of a split of at most `budget` (--preflight_records), else an
+  even sample of `budget`: the same share from each file in order, or (images in class folders) files spread
+  over the folders. A failure is one line naming the flag, the file, the line or record, and the column."""
+  import time  # pylint: disable=g-import-not-at-top
+
+  started = time.monotonic()
+  checked, named = 0, []  # named: (path, where, column, uri) of each file a checked record names
+  uri_features = [f for f in schema.features if f.uri]
+  if source.format == "image_folder":
+    step = max(1.0, len(files) / budget)
+    chosen = [files[int(i * step)] for i in range(min(budget, len(files)))]
+    for path in chosen:
+      record = {formats.IMAGE_FOLDER_IMAGE: path, formats.IMAGE_FOLDER_LABEL: formats.folder_class(path)}
+      problem = record_problem(record, schema, source)
+      if problem:
+        raise UserError(f"{flag}: {path}: {problem}")
+      named.append((path, "", formats.IMAGE_FOLDER_IMAGE, path))
+    checked = len(chosen)
+  else:
+    share = max(1, -(-budget // len(files)))
+    for path in files:
+      if checked >= budget:
+        break
+      taken = 0
+      for where, record in formats.iter_records(path, source, flag=flag):
+        if taken >= share or checked >= budget:
+          break
+        problem = record_problem(record, schema, source)
+        if problem:
+          raise UserError(f"{flag}: {path} {where}: {problem}")
+        for feature in uri_features:
+          value = record.get(feature.name)
+          if isinstance(value, tuple):  # an Example's (kind, values)
+            value = value[1][0] if value[1] else None
+          if isinstance(value, bytes):
+            value = value.decode("utf-8", errors="replace")
+          if isinstance(value, str) and value.strip():
+            named.append((path, where, feature.name, value))
+        taken += 1
+        checked += 1
+  problem = _named_files_problem(named, schema, source, flag=flag)
+  if problem:
+    raise UserError(problem)
+  logging.info("%s: pre-flight checked %d record(s)%s in %.1f s (--preflight_records=%d per split)", flag, checked,
+               f" and {len(named)} file(s) they name" if named and source.format != "image_folder" else "",
+               time.monotonic() - started, budget)
+
+
+def _named_files_problem(named: list[tuple[str, str, str, str]], schema: schema_lib.Schema, source: formats.Source,
+                         *, flag: str) -> str | None:
+  """The first (in record order) of the files the records name that cannot be read, or (an image) decoded, as a
+  message line; None when all can. Read in parallel: on gs:// each file is a request."""
+  import concurrent.futures  # pylint: disable=g-import-not-at-top
+
+  if not named:
+    return None
+  with concurrent.futures.ThreadPoolExecutor(min(_FILE_READERS, len(named))) as pool:
+    problems = pool.map(lambda item: file_problem(item[3], schema.feature(item[2])), named)
+    for (path, where, column, uri), problem in zip(named, problems):
+      if problem:
+        if source.format == "image_folder":
+          return f"{flag}: {uri} {problem}"
+        return f"{flag}: {path} {where}: column {column!r} names {uri}, which {problem}"
+  return None
+
+
+def file_problem(uri: str, feature: schema_lib.Feature) -> str | None:
+  """Why the file a record names (an image or a text by URI, `/gcs/` read as gs://) cannot be used ("cannot be
+  read (...)", "is a JPEG cut short ..."), or None."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  path = schema_inference.gcs_uri(uri)
+  try:
+    with tf.io.gfile.GFile(path, "rb") as f:
+      data = f.read()
+  except tf.errors.OpError as e:
+    return f"cannot be read ({first_line(e)})"
+  if feature.type == "image":
+    problem = schema_inference.image_problem(data)
+    return f"is {problem}" if problem else None
+  return None
+
+
+def record_problem(record: dict[str, Any], schema: schema_lib.Schema, source: formats.Source) -> str | None:
+  """Why `record` (as `formats.iter_records` yields it) does not fit the schema, or None."""
+  if formats.BLANK_LINE in record:
+    return "the line is blank; expected a record on every line (remove blank lines)"
+  if formats.FIELD_COUNT in record:
+    return f"the row has {record[formats.FIELD_COUNT]} fields, the CSV {len(source.columns)} columns"
+  label = schema.label
+  for name in schema.columns:
+    feature = None if name == label.name else schema.feature(name)
+    kind = feature.type if feature else label.type
+    value = record.get(name)
+    if feature is None and label.multi_label:
+      problem = _class_list_problem(name, value, label)
+      if problem:
+        return problem
+      continue
+    if source.format == "tfrecord":
+      list_kind, values = value if value is not None else (None, [])
+      if not values:
+        if feature is not None and feature.default is not None:
+          continue
+        return (f"feature {name!r} is missing (the record has: {', '.join(sorted(record)) or 'none'}); it does "
+                "not match the schema" + ("" if feature is None else ", which gives it no default"))
+      expected = schema_lib.EXAMPLE_LISTS[kind]
+      if list_kind != expected:
+        return f"feature {name!r} is a {list_kind}, but the schema says {kind} ({expected})"
+      count = feature.values_per_example if feature else 1
+      if len(values) != count:
+        return f"feature {name!r} has {len(values)} values; the schema expects exactly {count}"
+      value = values[0] if count == 1 else values
+      if kind in ("string", "text"):
+        try:
+          value = value.decode("utf-8")
+        except UnicodeDecodeError:
+          return f"feature {name!r} is not UTF-8 text"
+    elif value is None or value == "":
+      if feature is not None and feature.default is not None:
+        continue
+      return f"column {name!r} is empty" + ("" if feature is None else " and the schema gives it no default")
+    problem = _value_problem(name, kind, value, feature, label, source)
+    if problem:
+      return problem
+  return None
+
+
+def _class_list_problem(name: str, value: Any, label: schema_lib.Label) -> str | None:
+  if value is None:
+    unannotated = " (a data item without classificationAnnotations)" if name == formats.VERTEX_MULTI_LABEL else ""
+    return f"label {name!r} is missing{unannotated}; a multi-label record holds a list of class names ([] for none)"
+  if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+    return f"label {name!r} holds {str(value)[:40]}; a multi-label label is a list of class names"
+  unknown = [v for v in value if v not in label.vocabulary]
+  if unknown:
+    return (f"label {name!r} holds {unknown[0]!r}, not one of the schema's classes "
+            f"({', '.join(label.vocabulary[:10])}{', ...' if len(label.vocabulary) > 10 else ''})")
+  return None
+
+
+def _value_problem(name, kind, value, feature, label, source) -> str | None:
+  import base64  # pylint: disable=g-import-not-at-top
+
+  what = "feature" if source.format == "tfrecord" else "column"
+  if feature is not None and feature.uri:
+    if isinstance(value, bytes):
+      try:
+        value = value.decode("utf-8")
+      except UnicodeDecodeError:
+        return f"{what} {name!r} is not a UTF-8 URI"
+    if not isinstance(value, str) or not value.strip():
+      return f"{what} {name!r} holds {str(value)[:40]!r}; the schema says it names a file (a gs:// URI or a path)"
+    return None
+  if kind == "image":
+    if source.format == "parquet" and not isinstance(value, bytes):
+      return f"column {name!r} holds {str(value)[:40]!r}; an image is binary (bytes) in Parquet"
+    if source.format == "jsonl":
+      if not isinstance(value, dict) or not isinstance(value.get("b64"), str):
+        return f"column {name!r} holds {str(value)[:40]!r}; an image is {{'b64': '...'}} in JSONL"
+      try:
+        value = base64.b64decode(value["b64"], validate=True)
+      except ValueError:
+        return f"column {name!r} holds a 'b64' value that is not base64"
+    if feature.encoding in schema_lib.ENCODED_IMAGES:
+      problem = schema_inference.image_problem(value)
+      if problem:
+        return f"{what} {name!r} is {problem}"
+    else:
+      size = feature.shape[0] * feature.shape[1] * feature.shape[2]
+      if len(value) != size:
+        return f"image {what} {name!r} has {len(value)} bytes; shape {list(feature.shape)} needs {size}"
+    return None
+  textual = kind in ("string", "text")
+  if source.format == "csv":
+    if not textual and not formats.is_number(value):
+      if _non_finite_text(value):
+        return _non_finite(what, name, value, feature)
+      return f"column {name!r} holds {value!r}, but the schema says {kind}"
+    if not textual:
+      value = float(value)
+  if source.format in ("jsonl", "parquet"):
+    count = feature.values_per_example if feature else 1
+    if count > 1:
+      if not (isinstance(value, list) and len(value) == count
+              and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
+        return f"column {name!r} holds {str(value)[:40]}; the schema expects a list of {count} numbers"
+    elif textual:
+      if not isinstance(value, str) and not (source.format == "parquet" and isinstance(value, int)):
+        return f"column {name!r} holds {value!r}, but the schema says {kind} (a string)"
+    elif not isinstance(value, (int, float)):
+      return f"column {name!r} holds {value!r}, but the schema says {kind} (a number)"
+  if not textual:  # every format: one number or a list of them (a vector feature)
+    numbers = value if isinstance(value, list) else [value]
+    bad = next((v for v in numbers if isinstance(v, float) and not math.isfinite(v)), None)
+    if bad is not None:
+      return _non_finite(what, name, bad, feature)
+  if feature is None:  # the label's value
+    if label.vocabulary is not None:
+      text = value if isinstance(value, str) else str(value)
+      if text not in label.vocabulary:
+        return (f"label {name!r} holds {text!r}, not one of the schema's classes "
+                f"({', '.join(label.vocabulary[:10])}{', ...' if len(label.vocabulary) > 10 else ''})")
+    elif label.num_classes is not None and not (float(value) == int(value) and 0 <= value < label.num_classes):
+      return f"label {name!r} holds {value!r}; class ids are 0..{label.num_classes - 1}"
+  return None
+
+
+def _non_finite_text(text: str) -> bool:
+  try:
+    return not math.isfinite(float(text))
+  except ValueError:
+    return False
+
+
+def _non_finite(what: str, name: str, value: Any, feature) -> str:
+  """A NaN or infinity would train on silently into a NaN model: refused, with what to write instead."""
+  instead = ("leave the value out for the schema's default" if feature is not None and feature.default is not None
+             else "remove the record or give the column a value")
+  return f"{what} {name!r} holds {value!r}, {features_lib.NON_FINITE}; {instead}"
+
+
+def total_steps(config: config_lib.Config, inputs: Inputs) -> int:
+  """--train_steps, or --epochs turned into steps by counting the training records (never 0)."""
+  if config.train.train_steps is not None:
+    return config.train.train_steps
+  examples = count_records(inputs.train_files, inputs.sources["train"])
+  steps = config.train.epochs * examples // config.train.global_batch_size
+  if steps < 1:
+    raise UserError(f"--epochs={config.train.epochs} over {examples} examples is less than one batch of "
+                    f"--global_batch_size={config.train.global_batch_size}")
+  logging.info("%d epoch(s) of %d examples = %d steps", config.train.epochs, examples, steps)
+  return steps
+
+
+def find_bad_record(inputs: Inputs, *, splits: tuple[str, ...] = ("train", "eval", "test"),
+                    budget_secs: float = 120.0) -> str | None:
+  """"FLAG: PATH line/record N: what is wrong" for the first record (of the `splits` being read when the input
+  pipeline failed) that does not fit, or names a file that cannot be read or decoded; None when none is found within
+  `budget_secs` (this runs on the failure path only, to name it)."""
+  import time  # pylint: disable=g-import-not-at-top
+
+  deadline = time.monotonic() + budget_secs
+  uri_features = [f for f in inputs.schema.features if f.uri]
+  for split in splits:
+    flag, source = inputs.flag(split), inputs.sources.get(split)
+    if source is None:
+      continue
+    for path in inputs.files(split):
+      try:
+        for where, record in formats.iter_records(path, source, flag=flag):
+          problem = record_problem(record, inputs.schema, source)
+          if problem:
+            return f"{flag}: {path}{'' if source.format == 'image_folder' else ' ' + where}: {problem}"
+          for feature in uri_features:
+            value = record.get(feature.name)
+            if isinstance(value, tuple):
+              value = value[1][0] if value[1] else None
+            if isinstance(value, bytes):
+              value = value.decode("utf-8", errors="replace")
+            problem = file_problem(value, feature) if isinstance(value, str) and value.strip() else None
+            if problem:
+              if source.format == "image_folder":
+                return f"{flag}: {value} {problem}"
+              return f"{flag}: {path} {where}: column {feature.name!r} names {value}, which {problem}"
+          if time.monotonic() > deadline:
+            return None
+      except UserError as e:  # a corrupted or truncated file
+        return str(e)
+  return None
