@@ -8,7 +8,7 @@ r"""Batch prediction as Vertex AI's BatchPredictionJob does it: locally over fil
 `local` reads every instance of the input files (JSONL: one JSON instance a line; CSV as Vertex reads it: each row
 the list of its values, without the header, a value in double quotes text and any other a number, so the columns
 must be the model's inputs in order; TFRecord: tf.train.Example records), answers them with the model loaded as TF
-Serving loads it (scripts/predict.py: column names, nulls and empty cells read as training read them), and writes
+Serving loads it (serving/predict.py: column names, nulls and empty cells read as training read them), and writes
 Vertex's output layout in a new `prediction-<model>-<time>` folder under --output_dir (as Vertex names it, so runs
 never mix): `prediction.results-NNNNN-of-NNNNN` lines of
 `{"instance": ..., "prediction": ...}` and `prediction.errors_stats-00000-of-00001` lines of
@@ -20,7 +20,7 @@ Vertex's `instanceConfig` decides what reaches the model, here as in the job `su
 instance; --included_fields=A,B sends only those fields; --excluded_fields=C,D sends all but those (the output's
 instance keeps them); the two lists exclude each other; --instance_type=array sends the included fields' values as
 a list, in their order. A field none of these name and the model does not take (an id, a name) is ignored by the
-model as the serving container ignores it (scripts/predict.py: one rule for the endpoint, the serving image on
+model as the serving container ignores it (serving/predict.py: one rule for the endpoint, the serving image on
 Vertex and this command), and listed in the summary as `ignored_fields`.
 
 A run that predicts nothing (every instance an error, or no instance at all) exits 2 with one `error:` line that
@@ -46,7 +46,7 @@ import sys
 from typing import Any, Iterator
 
 from scripts import clients
-from scripts import predict
+from serving import predict
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tfrecord": "tfrecord"}
 INVALID_ARGUMENT = 3  # google.rpc.Code, as Vertex writes it in errors_stats

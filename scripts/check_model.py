@@ -6,18 +6,20 @@ checks the accuracy.
 
 This is what a serving client sees: raw feature values by name in, `probabilities`/`class_id` out, from the model
 loaded the way TF Serving (Vertex's prebuilt prediction containers) loads it: a TF1 session running the restore op,
-then the signature (`scripts/predict.py`). Exits 1 when accuracy is below --min_accuracy.
+then the signature (`serving/predict.py`). Exits 1 when accuracy is below --min_accuracy.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import os
 import sys
 
 import numpy as np
 
-from scripts import predict
+from serving import predict
 from trainer.data import feature_kinds
 from trainer.data import input_pipeline
 from trainer.data import schema as schema_lib
@@ -56,6 +58,31 @@ def predict_eval(model_dir: str, eval_pattern: str, *, batch_size: int = 1024) -
                "class_id": predicted[:3].tolist(), "label": truth[:3].tolist()}
   serving.close()
   return {"model_dir": model_dir, "examples": count, "accuracy": hits / max(count, 1), "first_predictions": first}
+
+
+def instances_from_records(model_dir: str, pattern: str, count: int = 50) -> list[dict]:
+  """The first `count` eval examples as Vertex prediction instances (one JSON object per row)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  with open(os.path.join(model_dir, "trainer_config.json")) as f:
+    schema = json.load(f)["schema"]
+  rows = []
+  for record in tf.data.TFRecordDataset(sorted(glob.glob(pattern))).take(count):
+    feature_map = tf.train.Example.FromString(record.numpy()).features.feature
+    row = {}
+    for feature in schema["features"]:
+      value = feature_map[feature["name"]]
+      if feature["type"] == "string":
+        row[feature["name"]] = value.bytes_list.value[0].decode()
+      elif feature["type"] == "image":
+        pixels = np.frombuffer(value.bytes_list.value[0], np.uint8).reshape(feature["shape"])
+        row[feature["name"]] = pixels.astype(float).tolist()
+      elif feature["type"] == "int":
+        row[feature["name"]] = int(value.int64_list.value[0])
+      else:
+        row[feature["name"]] = float(value.float_list.value[0])
+    rows.append(row)
+  return rows
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Building and pushing the trainer image (the Dockerfile, `submit.py --build_image`) and the serving image
 (Dockerfile.serving, `--build_serving_image`) through Cloud Build.
 
-The build context is the Dockerfile and the trainer sdist in dist/ (the serving image: also the server's scripts),
+The build context is the Dockerfile and the trainer sdist in dist/ (the serving image: also the serving package),
 as a tarball staged in the job's bucket;
 the build runs `docker build` with the pinned TF version and pushes the image, which Cloud Build lists in the
 build's results. Nothing is built here: no Docker daemon or registry is needed on this machine.
@@ -20,7 +20,7 @@ from scripts import clients
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCKERFILE = os.path.join(REPO, "Dockerfile")
 SERVING_DOCKERFILE = os.path.join(REPO, "Dockerfile.serving")
-SERVING_FILES = ("scripts/__init__.py", "scripts/predict.py", "scripts/serve.py")  # what it COPYs besides the sdist
+SERVING_FILES = ("serving/__init__.py", "serving/predict.py", "serving/serve.py")  # what it COPYs besides the sdist
 DOCKER_BUILDER = "gcr.io/cloud-builders/docker"
 
 
@@ -35,8 +35,8 @@ def dockerfile_tf_version(path: str = DOCKERFILE) -> str:
 
 def build_context(sdist: str, out_dir: str, *, serving: bool = False, extras: tuple[str, ...] = ()) -> str:
   """A gzipped tarball of the Dockerfile (as `Dockerfile`), dist/<sdist>, the --extra_package archives in
-  dist/extra/ (the trainer image installs them beside the trainer) and, for the serving image, the server's
-  scripts; returns its path (named by content)."""
+  dist/extra/ (the trainer image installs them beside the trainer) and, for the serving image, the serving
+  package; returns its path (named by content)."""
   buffer = io.BytesIO()
   with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
     tar.add(SERVING_DOCKERFILE if serving else DOCKERFILE, arcname="Dockerfile")

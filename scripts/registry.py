@@ -1,7 +1,7 @@
 """Model Registry: the UploadModel request for a finished job's SavedModel (`submit.py --upload_model`).
 
 Which container serves it (`serving_container`):
-- by default, the project's serving image (Dockerfile.serving: scripts/serve.py on Vertex's custom-container
+- by default, the project's serving image (Dockerfile.serving: serving/serve.py on Vertex's custom-container
   contract, TF at the training TF's version), built once per TF version with --build_serving_image. Vertex lists
   no prebuilt TF prediction image newer than 2.15, and 2.15's end of availability is 2027-01-14;
 - `--serving_image=prebuilt`: Vertex's prebuilt TF prediction container (TF Serving), the newest one not newer than

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import procs
-import serving
+import serving_checks
 from trainer.core import config as config_lib
 from trainer.data import schema as schema_lib
 from trainer.modeling import backbones
@@ -115,7 +115,7 @@ def test_a_backbone_from_a_weights_file_trains_exports_and_serves(weights_file, 
   as tf.saved_model.load does."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from public_data import write_digit_files  # pylint: disable=g-import-not-at-top  (pandas: not in the smoke venv)
+  from scripts.public_data import write_digit_files  # pylint: disable=g-import-not-at-top  (pandas: not in the smoke venv)
 
   data = tmp_path / "digits"
   frame = write_digit_files(str(data), class_folders=True)
@@ -138,12 +138,12 @@ def test_a_backbone_from_a_weights_file_trains_exports_and_serves(weights_file, 
   for path in frame["path"].iloc[:4]:
     with open(path, "rb") as f:
       instances.append({"image": {"b64": base64.b64encode(f.read()).decode()}})
-  predictions = serving.serve_instances(str(out / "model"), instances)
+  predictions = serving_checks.serve_instances(str(out / "model"), instances)
   assert len(predictions) == 4 and all(len(p["probabilities"]) == 10 for p in predictions)
 
 
 def test_backbone_flags_are_checked_before_anything_runs(weights_file, tmp_path):
-  from public_data import write_digit_files  # pylint: disable=g-import-not-at-top  (pandas: not in the smoke venv)
+  from scripts.public_data import write_digit_files  # pylint: disable=g-import-not-at-top  (pandas: not in the smoke venv)
 
   data = tmp_path / "digits"
   write_digit_files(str(data), class_folders=True)

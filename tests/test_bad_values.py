@@ -18,7 +18,7 @@ from PIL import Image
 from sklearn import datasets as sk_datasets
 
 import procs
-from public_data import iris_frame
+from scripts.public_data import iris_frame
 from trainer.core import storage
 from trainer.core.errors import UserError
 from trainer.data import formats

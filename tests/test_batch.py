@@ -14,10 +14,10 @@ from google.protobuf import json_format
 
 import fake_vertex
 import procs
-import serving
-from public_data import iris_frame
+import serving_checks
+from scripts.public_data import iris_frame
 from scripts import batch_predict
-from scripts import predict
+from serving import predict
 from scripts import stage_data
 
 
@@ -109,7 +109,7 @@ def test_every_input_format_gives_vertexs_output_layout(iris_model, gcs, tmp_pat
                        "result_files": 2, "input_files": 1, "format": kind}
     (folder,) = glob.glob(f"{out}/prediction-*")
     results, errors = _outputs(folder)
-    serving.assert_same_predictions([r["prediction"] for r in results], expected, kind)  # a bad one never shifts the others
+    serving_checks.assert_same_predictions([r["prediction"] for r in results], expected, kind)  # a bad one never shifts the others
     assert len(errors) == bad and all(e["error"]["code"] == 3 for e in errors)
     if kind == "jsonl":
       assert results[0]["instance"] == json.loads(open(inputs / "new.jsonl").readline())  # as it was sent
@@ -200,7 +200,7 @@ def test_instances_with_an_id_column_are_predicted_and_keyed(iris_model, tmp_pat
   code, summary, err, (results, errors) = _run(capsys, ["local", f"--input={tmp_path}/new.jsonl", *common])
   assert code == 0 and not err and not errors, err
   assert summary["predictions"] == len(frame) and summary["ignored_fields"] == ["Name"]
-  serving.assert_same_predictions([r["prediction"] for r in results], expected)
+  serving_checks.assert_same_predictions([r["prediction"] for r in results], expected)
   assert [r["instance"]["Name"] for r in results] == list(frame["Name"])  # echoed as it came
   # CSV: Vertex sends a row as the list of its values (no header), the key field left out: an id column then the
   # model's columns in order, text quoted.
@@ -211,17 +211,17 @@ def test_instances_with_an_id_column_are_predicted_and_keyed(iris_model, tmp_pat
     assert code == 0 and not err and "ignored_fields" not in summary, err
     assert [sorted(r) for r in results] == [["key", "prediction"]] * len(frame)
     assert [r["key"] for r in results] == list(frame["Name"])
-    serving.assert_same_predictions([r["prediction"] for r in results], expected)
+    serving_checks.assert_same_predictions([r["prediction"] for r in results], expected)
   code, summary, err, (results, _) = _run(capsys, ["local", f"--input={tmp_path}/new.jsonl",
                                                    "--excluded_fields=Name,species", *common])
   assert code == 0 and "ignored_fields" not in summary
-  serving.assert_same_predictions([r["prediction"] for r in results], expected)
+  serving_checks.assert_same_predictions([r["prediction"] for r in results], expected)
   assert results[0]["instance"]["Name"] == frame["Name"][0]  # excluded fields stay in the output's instance
   features = [c for c in rows.columns if c != "species"]
   code, summary, err, (results, _) = _run(capsys, ["local", f"--input={tmp_path}/new.jsonl",
                                                    f"--included_fields={','.join(features)}", *common])
   assert code == 0
-  serving.assert_same_predictions([r["prediction"] for r in results], expected)
+  serving_checks.assert_same_predictions([r["prediction"] for r in results], expected)
   assert sorted(results[0]["instance"]) == sorted(features)  # the instance as it was sent
 
 

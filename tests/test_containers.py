@@ -157,7 +157,7 @@ def test_the_dockerfiles_install_step_in_a_clean_venv(tmp_path):
 
 def test_the_serving_image_lints_clean_and_runs_on_vertexs_contract(gcs, churn_data, tmp_path):
   """Dockerfile.serving's files laid out as its COPY and RUN lay them out (the trainer from the sdist, the
-  server's scripts in /srv), its ENTRYPOINT started with the variables Vertex gives a serving container: the
+  serving package in /srv/serving), its ENTRYPOINT started with the variables Vertex gives a serving container: the
   port, Vertex's routes, the model in Cloud Storage (the emulator). Its TF is the pin CI tests."""
   hadolint = os.path.join(os.path.dirname(sys.executable), "hadolint")
   result = subprocess.run([hadolint, cloud_build.SERVING_DOCKERFILE], capture_output=True, text=True, check=False)
@@ -172,9 +172,10 @@ def test_the_serving_image_lints_clean_and_runs_on_vertexs_contract(gcs, churn_d
   assert copies[0] == ["dist/*.tar.gz", "/tmp/trainer/"] and copies[1][:-1] == list(cloud_build.SERVING_FILES)
   image = tmp_path / "image"
   served_from = image / workdir.strip("/")
-  (served_from / "scripts").mkdir(parents=True)
+  copied_to = image / copies[1][-1].strip("/")  # the serving package, where the second COPY puts it
+  copied_to.mkdir(parents=True)
   for name in copies[1][:-1]:
-    os.link(os.path.join(procs.REPO, name), served_from / "scripts" / os.path.basename(name))
+    os.link(os.path.join(procs.REPO, name), copied_to / os.path.basename(name))
   site = image / "site-packages"  # where the RUN's pip puts the trainer
   sdist = submit.build_sdist(str(tmp_path / "dist"))
   subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), sdist], check=True)
@@ -310,7 +311,7 @@ def test_the_prebuilt_prediction_image_is_a_choice_with_its_end_of_availability(
 
 
 def test_the_serving_image_is_built_before_the_job_and_registered_by_digest(gcs, capsys):
-  """--build_serving_image: Dockerfile.serving, the sdist and the server's scripts go to Cloud Build (TF of the
+  """--build_serving_image: Dockerfile.serving, the sdist and the serving package go to Cloud Build (TF of the
   training image); the model then names exactly that build."""
   with fake_vertex.running() as fake:
     code = submit.main(["--config=cloud_configs/single_cpu.yaml", "--project=proj", "--bucket=test-bucket",

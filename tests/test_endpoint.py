@@ -1,4 +1,4 @@
-"""The local endpoint (python -m scripts.serve) over real HTTP, as Vertex talks to a serving container: health,
+"""The local endpoint (python -m serving.serve) over real HTTP, as Vertex talks to a serving container: health,
 predict with rows and columns, images as b64, training rows copied verbatim (nulls, the data's own column names,
 the label, an id field), bad instances and bad image bytes, many concurrent clients, a gs:// model; and bad
 starts."""
@@ -17,10 +17,10 @@ import sys
 import pytest
 
 import procs
-import serving
-from public_data import digits_rows
-from public_data import write_jsonl
-from scripts import predict
+import serving_checks
+from scripts.public_data import digits_rows
+from scripts.public_data import write_jsonl
+from serving import predict
 from scripts import stage_data
 
 INK = "ink level (a.u.)"  # a column name as a spreadsheet has it; the model's input is ink_level__a.u._
@@ -53,8 +53,8 @@ def digits_export(tmp_path_factory):
 
 @contextlib.contextmanager
 def _serving(model_dir, *args, env=None):
-  """`python -m scripts.serve` on a free port; yields (port, routes); always stopped."""
-  proc = subprocess.Popen([sys.executable, "-m", "scripts.serve", f"--model_dir={model_dir}", "--port=0", *args],
+  """`python -m serving.serve` on a free port; yields (port, routes); always stopped."""
+  proc = subprocess.Popen([sys.executable, "-m", "serving.serve", f"--model_dir={model_dir}", "--port=0", *args],
                           cwd=procs.REPO, env=procs.trainer_env(env), stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
   try:
@@ -110,17 +110,17 @@ def test_the_endpoint_answers_as_vertex_does(digits_export):
     status, response = _call(port, "POST", started["predict"], {"instances": verbatim, "parameters": {}})
     assert status == 200, response
     assert response["deployedModelId"] == "456"
-    serving.assert_same_predictions(response["predictions"], expected)
+    serving_checks.assert_same_predictions(response["predictions"], expected)
     # A row that leaves the ink out altogether gets the default too; the column form is TF Serving's.
     status, response = _call(port, "POST", started["predict"],
                               {"instances": [{k: v for k, v in verbatim[1].items() if k != INK}]})
     assert status == 200
-    serving.assert_same_predictions(response["predictions"], _session_answers(
+    serving_checks.assert_same_predictions(response["predictions"], _session_answers(
         digits_export, [{**as_trained[1], "ink_level__a.u._": ink["default"]}]))
     # NaN, as Python's json writes a blank, is missing too; an infinite value is refused.
     status, response = _call(port, "POST", started["predict"], {"instances": [{**verbatim[1], INK: float("nan")}]})
     assert status == 200
-    serving.assert_same_predictions(response["predictions"], _session_answers(
+    serving_checks.assert_same_predictions(response["predictions"], _session_answers(
         digits_export, [{**as_trained[1], "ink_level__a.u._": ink["default"]}]))
     status, response = _call(port, "POST", started["predict"], {"instances": [{**verbatim[1], INK: float("inf")}]})
     assert status == 400 and response["error"]["message"] == (
@@ -138,7 +138,7 @@ def test_the_endpoint_answers_as_vertex_does(digits_export):
     # misspelled input the instance lacks is refused rather than answered with that input's default.
     status, response = _call(port, "POST", started["predict"], {"instances": [{**verbatim[0], "id": "scan-0"}]})
     assert status == 200
-    serving.assert_same_predictions(response["predictions"], expected[:1])
+    serving_checks.assert_same_predictions(response["predictions"], expected[:1])
     misspelled = {("scaner" if k == "scanner" else k): v for k, v in verbatim[2].items()}
     status, response = _call(port, "POST", started["predict"], {"instances": [verbatim[0], misspelled]})
     assert status == 400 and re.match(r"^instance 1: 'scaner' is not an input of the model; did you mean 'scanner', "
@@ -166,7 +166,7 @@ def test_the_endpoint_answers_as_vertex_does(digits_export):
     for i, answers in enumerate(results):
       assert all(status == 200 and answer["deployedModelId"] == "456" for status, answer in answers), answers
       for _, answer in answers:
-        serving.assert_same_predictions(answer["predictions"], [expected[i % 30]])
+        serving_checks.assert_same_predictions(answer["predictions"], [expected[i % 30]])
 
 
 def test_a_model_in_cloud_storage_is_served(gcs, digits_export):
@@ -176,7 +176,7 @@ def test_a_model_in_cloud_storage_is_served(gcs, digits_export):
                 ) as (port, started):
     status, response = _call(port, "POST", started["predict"], {"instances": row})
   assert status == 200
-  serving.assert_same_predictions(response["predictions"], _session_answers(digits_export, row))
+  serving_checks.assert_same_predictions(response["predictions"], _session_answers(digits_export, row))
 
 
 def test_bad_starts_are_one_line(digits_export, tmp_path):
@@ -194,7 +194,7 @@ def test_bad_starts_are_one_line(digits_export, tmp_path):
            (["--port=0"], r"^error: --model_dir is required \(or AIP_STORAGE_URI")]
   try:
     for args, message in cases:
-      result = subprocess.run([sys.executable, "-m", "scripts.serve", *args], cwd=procs.REPO,
+      result = subprocess.run([sys.executable, "-m", "serving.serve", *args], cwd=procs.REPO,
                               env=procs.trainer_env(), capture_output=True, text=True, timeout=120, check=False)
       errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
       assert result.returncode == 2 and len(errors) == 1 and re.search(message, errors[0]), result.stderr[-2000:]

@@ -28,8 +28,8 @@ from trainer.data import inference as schema_inference
 from trainer.data import input_pipeline
 from trainer.data import schema as schema_lib
 from trainer.planning import preflight
-from public_data import iris_frame
-from public_data import png as _png
+from scripts.public_data import iris_frame
+from scripts.public_data import png as _png
 
 SKLEARN_DATA = os.path.join(os.path.dirname(sk_datasets.__file__), "data")
 

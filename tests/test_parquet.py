@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 import procs
-import serving
+import serving_checks
 from scripts import stage_data
 from trainer.data import schema as schema_lib
 
@@ -61,7 +61,7 @@ def _assert_trained_and_serves(model_dir, cancer) -> None:
   assert metrics["eval_accuracy"] >= cancer["baseline"] - MARGIN, (metrics, cancer["baseline"])
   rows = cancer["eval"].iloc[:50]
   instances = [{schema_lib.safe_name(k): float(row[k]) for k in cancer["features"]} for _, row in rows.iterrows()]
-  predictions = serving.serve_instances(str(model_dir), instances)
+  predictions = serving_checks.serve_instances(str(model_dir), instances)
   assert np.mean([p["class_name"] == y for p, y in zip(predictions, rows["diagnosis"])]) >= cancer["baseline"] - 0.1
 
 
@@ -75,7 +75,7 @@ def test_a_spark_export_folder_on_the_bucket(cancer, gcs, tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert "--train_data: 3 file(s) of Parquet" in result.stderr  # _SUCCESS and the .crc files are not data
   local = tmp_path / "model"
-  serving_dir = serving.copy_tree(f"{out}/model", local)
+  serving_dir = serving_checks.copy_tree(f"{out}/model", local)
   _assert_trained_and_serves(serving_dir, cancer)
 
 

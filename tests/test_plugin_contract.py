@@ -9,11 +9,11 @@ import pytest
 import tensorflow as tf
 
 import procs
-import serving
+import serving_checks
 import test_train
 import test_training
 import tutorial_models
-from scripts import predict
+from serving import predict
 from trainer.core.errors import UserError
 from trainer.data import schema as schema_lib
 from trainer.modeling import export
@@ -132,7 +132,7 @@ def test_tutorial_models_under_mirrored(churn_data, tmp_path, name, loop):
   assert metrics["num_replicas"] == 2 and metrics["final_step"] == 120
   if not name.startswith("sequential"):
     assert metrics["eval_accuracy"] > 0.6, metrics
-  serving.assert_loaders_agree(tmp_path / "out" / "model", f"{churn_data}/eval/*.tfrecord")
+  serving_checks.assert_loaders_agree(tmp_path / "out" / "model", f"{churn_data}/eval/*.tfrecord")
 
 
 def test_a_subclassed_model_on_a_two_process_job(churn_data, tmp_path):
@@ -143,7 +143,7 @@ def test_a_subclassed_model_on_a_two_process_job(churn_data, tmp_path):
   with open(out / "model" / "eval_metrics.json") as f:
     metrics = json.load(f)
   assert metrics["num_replicas"] == 2 and metrics["final_step"] == 120 and metrics["eval_accuracy"] > 0.6, metrics
-  serving.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")
+  serving_checks.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")
 
 
 def test_a_subclassed_model_that_takes_neither_form_is_one_line(churn_data):

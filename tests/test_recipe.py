@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import procs
-import serving
+import serving_checks
 import test_train
 import test_training
 from trainer.core import config as config_lib
@@ -179,7 +179,7 @@ def test_early_stopping_stops_and_exports_the_best_step(churn_data, tmp_path, lo
   assert float(lines[-3]["loss"]) == pytest.approx(best["value"])
   eval_steps = test_training.train_steps_logged(out, split="eval")
   assert eval_steps == list(range(50, best["stopped_at"] + 1, 50)), eval_steps
-  served = serving.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")
+  served = serving_checks.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")
   assert served["predictions"]
   if loop == "custom":  # a restart of a run that stopped early trains no further
     again = _run(churn_data, out, *args, loop=loop, env={"CLOUD_ML_HP_METRIC_FILE": str(hypertune_file)})
@@ -199,7 +199,7 @@ def test_mixed_precision_and_xla_train_and_serve_float32(churn_data, tmp_path, l
   assert metrics["final_step"] == 100 and metrics["eval_accuracy"] > 0.8, metrics
   signature = tf.saved_model.load(str(out / "model")).signatures["serving_default"]
   assert signature.structured_outputs["probabilities"].dtype == tf.float32
-  served = serving.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")
+  served = serving_checks.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")
   sums = [sum(p["probabilities"]) for p in served["predictions"]]
   np.testing.assert_allclose(sums, 1.0, rtol=1e-5)
 

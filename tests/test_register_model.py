@@ -14,7 +14,7 @@ from google.protobuf import json_format
 
 import fake_vertex
 import procs
-from scripts import predict
+from serving import predict
 from scripts import register_model
 from scripts import registry
 from scripts import stage_data

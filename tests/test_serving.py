@@ -1,5 +1,5 @@
 """The export as serving stacks load it: TF Serving's session loader, `saved_model_cli run`, and the
-Vertex-shaped prediction command (`python -m scripts.predict`), good requests and bad ones."""
+Vertex-shaped prediction command (`python -m serving.predict`), good requests and bad ones."""
 
 import io
 import json
@@ -11,8 +11,8 @@ import sys
 import pytest
 
 import procs
-import serving
-from scripts import predict
+import serving_checks
+from serving import predict
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def churn_export(churn_data, tmp_path_factory):
 
 
 def _predict(monkeypatch, capsys, args, body=None):
-  """`python -m scripts.predict ARGS` in this process (its `main`): exit code, stdout, stderr."""
+  """`python -m serving.predict ARGS` in this process (its `main`): exit code, stdout, stderr."""
   if body is not None:
     monkeypatch.setattr(sys, "stdin", io.StringIO(body))
   code = predict.main(args)
@@ -109,7 +109,7 @@ def test_an_export_from_the_other_tf_stack_serves_here(churn_data, tmp_path):
   exported_on = json.loads((tmp_path / "model" / "eval_metrics.json").read_text())["tensorflow_version"]
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   assert exported_on != tf.__version__
-  response = serving.assert_loaders_agree(str(tmp_path / "model"), f"{churn_data}/eval/*.tfrecord")
+  response = serving_checks.assert_loaders_agree(str(tmp_path / "model"), f"{churn_data}/eval/*.tfrecord")
   assert len(response["predictions"]) == 50
 
 
@@ -127,7 +127,7 @@ def test_saved_model_cli_runs_the_signature(churn_export):
 
 @pytest.mark.smoke
 def test_session_loader_agrees_with_the_tf2_loader(churn_export, churn_data):
-  serving.assert_loaders_agree(churn_export, f"{churn_data}/eval/*.tfrecord")
+  serving_checks.assert_loaders_agree(churn_export, f"{churn_data}/eval/*.tfrecord")
 
 
 def _bad_requests():
@@ -171,7 +171,7 @@ def test_bad_requests_name_the_instance_and_feature(churn_export):
 
 
 def test_predict_command_bad_input_is_one_line_and_exit_2(churn_export, tmp_path, monkeypatch, capsys):
-  """The first case through `python -m scripts.predict` itself (the process's exit code and streams), the others
+  """The first case through `python -m serving.predict` itself (the process's exit code and streams), the others
   through its `main` in this process."""
   cases = [([f"--model_dir={churn_export}"], "{not json", r"^error: --request: not valid JSON"),
            ([f"--model_dir={tmp_path}/none"], json.dumps({"instances": [LOYAL]}),
@@ -180,7 +180,7 @@ def test_predict_command_bad_input_is_one_line_and_exit_2(churn_export, tmp_path
             r"^error: instance 0: feature 'monthly_charges' is missing")]
   for number, (args, body, message) in enumerate(cases):
     if number == 0:
-      result = subprocess.run([sys.executable, "-m", "scripts.predict", *args], input=body, cwd=procs.REPO,
+      result = subprocess.run([sys.executable, "-m", "serving.predict", *args], input=body, cwd=procs.REPO,
                               env=procs.trainer_env(), capture_output=True, text=True, timeout=120, check=False)
       code, out, err = result.returncode, result.stdout, result.stderr
     else:

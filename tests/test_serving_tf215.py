@@ -15,18 +15,18 @@ import numpy as np
 import pytest
 
 import procs
-import serving
-from public_data import digits_rows
-from public_data import iris_frame
-from public_data import write_jsonl
-from scripts import predict
+import serving_checks
+from scripts.public_data import digits_rows
+from scripts.public_data import iris_frame
+from scripts.public_data import write_jsonl
+from serving import predict
 
 TF215 = os.path.join(procs.REPO, ".venv-tf215", "bin", "python")
 
-# Run by TF 2.15: each (model dir, request) through scripts/predict.py's session loader, the answers as JSON.
+# Run by TF 2.15: each (model dir, request) through serving/predict.py's session loader, the answers as JSON.
 SERVE_ALL = """
 import json, sys
-from scripts import predict
+from serving import predict
 cases = json.load(sys.stdin)
 out = []
 for model_dir, body in cases:
@@ -49,7 +49,7 @@ def exports(churn_data, tmp_path_factory):
   """(model dir, request) for each kind of export, made on the pinned TF."""
   root = tmp_path_factory.mktemp("tf215")
   churn = [f"--train_data={churn_data}/train/*.tfrecord", "--train_steps=60", "--global_batch_size=64"]
-  rows = serving.instances_from_records  # eval examples as Vertex instances, from the export's own schema
+  rows = serving_checks.instances_from_records  # eval examples as Vertex instances, from the export's own schema
   made = []
   model = _train(churn, root / "custom")
   made.append((model, {"instances": rows(model, f"{churn_data}/eval/*.tfrecord", 20)}))

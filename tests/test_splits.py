@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import procs
-import serving
+import serving_checks
 from trainer.data import schema as schema_lib
 
 TIMEOUT = 240
@@ -58,7 +58,7 @@ def test_vertex_test_split_and_a_regression_label_in_its_own_units(diabetes, tmp
   # Served in the label's own units: the served predictions' MSE on the test rows is the reported test loss.
   test = diabetes["splits"]["test"]
   instances = [{name: float(row[name]) for name in diabetes["features"]} for _, row in test.iterrows()]
-  predictions = serving.serve_instances(str(out / "model"), instances)
+  predictions = serving_checks.serve_instances(str(out / "model"), instances)
   served = np.array(predictions, dtype=float)  # one output: TF Serving answers the values themselves
   assert np.mean((served - test["target"].to_numpy()) ** 2) == pytest.approx(metrics["test_loss"], rel=1e-3)
 

@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pytest
 
-from public_data import iris_frame
+from scripts.public_data import iris_frame
 from scripts import stage_data
 from trainer.core.errors import UserError
 from trainer.data import formats

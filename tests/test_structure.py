@@ -6,7 +6,7 @@ import os
 
 import procs
 
-PACKAGES = ("trainer", "scripts")
+PACKAGES = ("trainer", "serving", "scripts")
 
 
 def _modules() -> dict[str, str]:
@@ -134,3 +134,15 @@ def test_every_trainer_module_sits_in_a_layer_or_is_a_command():
   """A new module goes into a layer; the top holds only the commands and the package's version."""
   top = sorted(m for m in import_graph() if m.startswith("trainer") and _layer(m) == len(LAYERS))
   assert top == ["trainer", "trainer.flags", "trainer.runner", "trainer.schema_inference", "trainer.task"]
+
+
+def test_serving_imports_only_the_trainers_lower_layers():
+  """The serving image (Dockerfile.serving) holds the trainer's sdist and serving/: nothing of scripts/, and of
+  the trainer only the layers below training (the schema it reads rows by), so serving never pulls in a loop."""
+  graph = import_graph()
+  imported = {t for m, targets in graph.items() if m == "serving" or m.startswith("serving.") for t in targets}
+  assert not {t for t in imported if t.startswith("scripts")}
+  assert {t for t in imported if t.startswith("trainer")} <= {
+      m for m in graph if _layer(m) <= LAYERS.index("trainer.modeling") and m.startswith("trainer.")}
+  assert not {t for m, targets in graph.items() if m.startswith("trainer") for t in targets
+              if t == "serving" or t.startswith("serving.")}

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from public_data import iris_frame
+from scripts.public_data import iris_frame
 from scripts import local_vertex
 from scripts import stage_data
 from scripts import study_spec

@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 
 import procs
-import serving
-from public_data import rotten_tomatoes_frame
+import serving_checks
+from scripts.public_data import rotten_tomatoes_frame
 from trainer.data import feature_kinds
 from trainer.data import formats
 from trainer.data import inference as schema_inference
@@ -65,7 +65,7 @@ def _metrics(directory) -> dict:
 
 def _assert_serves_raw_text(model_dir, evaluation, *, minimum: float) -> None:
   rows = evaluation.iloc[:200]
-  predictions = serving.serve_instances(str(model_dir), [{"text": text} for text in rows["text"]])
+  predictions = serving_checks.serve_instances(str(model_dir), [{"text": text} for text in rows["text"]])
   accuracy = np.mean([p["class_name"] == y for p, y in zip(predictions, rows["category"])])
   assert accuracy >= minimum, accuracy
 
@@ -290,7 +290,7 @@ def test_vertex_text_export_through_aip_variables_needs_no_label(reviews, tmp_pa
   metrics = _metrics(out)
   assert metrics["eval_accuracy"] >= reviews["baseline"] - MARGIN, (metrics, reviews["baseline"])
   rows = reviews["eval"].iloc[:100]
-  predictions = serving.serve_instances(str(out / "model"), [{"textContent": t} for t in rows["text"]])
+  predictions = serving_checks.serve_instances(str(out / "model"), [{"textContent": t} for t in rows["text"]])
   assert np.mean([p["class_name"] == y for p, y in zip(predictions, rows["category"])]) >= reviews["baseline"] - 0.1
 
 
@@ -346,7 +346,7 @@ def test_vertex_multi_label_text_export_in_one_file(reviews, tmp_path):
   metrics = _metrics(out)
   assert metrics["eval_examples"] == len(frame) - cut
   assert metrics["eval_accuracy"] >= baseline_accuracy - 0.05, (metrics, baseline_accuracy)
-  predictions = serving.serve_instances(str(out / "model"), [{"textContent": t} for t in frame["text"].iloc[cut:][:50]])
+  predictions = serving_checks.serve_instances(str(out / "model"), [{"textContent": t} for t in frame["text"].iloc[cut:][:50]])
   assert np.mean(np.array([p["predicted"] for p in predictions]) == targets[cut:][:50]) >= baseline_accuracy - 0.1
 
 
@@ -388,5 +388,5 @@ def test_vertex_text_export_by_gcs_uri(gcs, tmp_path):
   assert metrics["eval_accuracy"] >= accuracy - 0.05, (metrics, accuracy)
   # Served as the text itself (what a request carries), not a URI.
   rows = evaluation.iloc[:50]
-  predictions = serving.serve_instances(str(out / "model"), [{"textGcsUri": t} for t in rows["text"]])
+  predictions = serving_checks.serve_instances(str(out / "model"), [{"textGcsUri": t} for t in rows["text"]])
   assert np.mean([p["class_name"] == y for p, y in zip(predictions, rows["category"])]) >= accuracy - 0.15

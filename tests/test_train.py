@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import procs
-import serving
+import serving_checks
 
 
 def data_args(directory, fmt="tfrecord"):
@@ -57,7 +57,7 @@ def test_train_export_reload_predict(churn_data, tmp_path):
                     region=tf.constant(["east", "south"]))
   assert outputs["class_id"].numpy().tolist() == [0, 1]
   np.testing.assert_allclose(outputs["probabilities"].numpy().sum(axis=1), [1.0, 1.0], rtol=1e-5)
-  serving.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")  # and TF Serving's way
+  serving_checks.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")  # and TF Serving's way
 
 
 @pytest.mark.parametrize("loop,fmt,batch", [("custom", "csv", 128), ("fit", "tfrecord", 100)])
@@ -116,7 +116,7 @@ def test_cnn_eagerly_still_distributed(shapes_data, tmp_path):
   metrics = final_metrics(out / "model")
   assert metrics["strategy"] == "MirroredStrategy" and metrics["num_replicas"] == 2
   assert metrics["eval_accuracy"] > 0.9 and metrics["eval_examples"] == 256
-  serving.assert_loaders_agree(out / "model", f"{shapes_data}/eval/*.tfrecord")
+  serving_checks.assert_loaders_agree(out / "model", f"{shapes_data}/eval/*.tfrecord")
 
 
 def test_resume_after_kill_ends_at_the_same_step(churn_data, tmp_path):
@@ -164,7 +164,7 @@ def test_plugin_model(churn_data, tmp_path):
       env={"PYTHONPATH": f"{procs.REPO}:{tmp_path}"})
   assert result.returncode == 0, result.stderr[-3000:]
   assert final_metrics(out / "model")["final_step"] == 50
-  serving.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")  # plug-ins serve too
+  serving_checks.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")  # plug-ins serve too
 
 
 def test_dry_run_prints_one_json_object(churn_data, tmp_path):

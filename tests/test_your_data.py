@@ -11,10 +11,10 @@ import pandas as pd
 import tensorflow as tf
 
 import procs
-import serving
-from public_data import digits_rows
-from public_data import iris_frame
-from public_data import write_jsonl
+import serving_checks
+from scripts.public_data import digits_rows
+from scripts.public_data import iris_frame
+from scripts.public_data import write_jsonl
 from trainer import task
 from trainer.data import schema as schema_lib
 
@@ -56,8 +56,8 @@ def test_vertex_managed_csv_dataset_with_only_vertex_variables(gcs, tmp_path):
   instances = [{schema_lib.safe_name(k): v for k, v in row.items() if k != "species"}
                for row in eval_rows.fillna(3.0).to_dict("records")]
   local_model = tmp_path / "model"
-  serving.copy_tree(f"{run}/model", str(local_model))
-  predictions = serving.serve_instances(str(local_model), instances)
+  serving_checks.copy_tree(f"{run}/model", str(local_model))
+  predictions = serving_checks.serve_instances(str(local_model), instances)
   names = [p["class_name"] for p in predictions]
   assert all(isinstance(name, str) for name in names)  # JSON strings, as TF Serving answers
   assert np.mean(np.array(names) == eval_rows["species"].to_numpy()) >= 0.8
@@ -90,7 +90,7 @@ def test_inferred_schema_with_images_on_a_two_process_job(tmp_path):
     metrics = json.load(f)
   assert metrics["num_replicas"] == 2 and metrics["eval_examples"] == 397
   instances = [{k: v for k, v in row.items() if k != "digit"} for row in digits_rows(1400, 1450)]
-  predictions = serving.serve_instances(str(out / "model"), instances)
+  predictions = serving_checks.serve_instances(str(out / "model"), instances)
   labels = [row["digit"] for row in digits_rows(1400, 1450)]
   assert np.mean([p["class_id"] == y for p, y in zip(predictions, labels)]) >= 0.6
 

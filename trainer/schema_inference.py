@@ -11,6 +11,8 @@ import sys
 from trainer.core import config as config_lib
 from trainer.core import paths
 from trainer.core import storage
+from trainer.core.errors import EXIT_OK
+from trainer.core.errors import EXIT_USER_ERROR
 from trainer.core.errors import UserError
 from trainer.data import formats
 from trainer.data import inference
@@ -47,10 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     storage.write_json(paths.normalize_path(output), schema.to_dict())
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
-    return 2
+    return EXIT_USER_ERROR
   print(json.dumps(schema.to_dict(), indent=2))
   print(f"wrote {output}", file=sys.stderr)
-  return 0
+  return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -27,11 +27,13 @@ from trainer.core import hparams as hparams_lib
 from trainer.core import logs
 from trainer.core import storage
 from trainer.core.errors import EXIT_EXTERNAL_FAILURE
+from trainer.core.errors import EXIT_OK
+from trainer.core.errors import EXIT_PREEMPTED
+from trainer.core.errors import EXIT_USER_ERROR
 from trainer.core.errors import ExternalFailure
 from trainer.core.errors import UserError
 from trainer.distribute import preemption
 
-EXIT_USER_ERROR = 2
 
 
 def run_command(argv: list[str], environ: MutableMapping[str, str], *,
@@ -74,21 +76,21 @@ def run_command(argv: list[str], environ: MutableMapping[str, str], *,
   except (preemption.Preempted, preemption.PeerLost) as e:
     # Not 0: Vertex would take a chief's 0 as the job's success. The restarted replica resumes at the last
     # checkpoint (a preemption's save: e.step).
-    logging.warning("Preempted (%s); exiting %d so that Vertex restarts this replica", e, preemption.EXIT_PREEMPTED)
-    return preemption.EXIT_PREEMPTED
+    logging.warning("Preempted (%s); exiting %d so that Vertex restarts this replica", e, EXIT_PREEMPTED)
+    return EXIT_PREEMPTED
   except Exception as e:  # pylint: disable=broad-except  (a storage outage is one line; anything else re-raised)
     outage = storage.storage_failure(e, fallback_uri=environ.get("AIP_MODEL_DIR") or flag_values["output_dir"].value)
     if outage is None:
       raise
     return _fail(str(outage), code=EXIT_EXTERNAL_FAILURE)
-  return 0
+  return EXIT_OK
 
 
 def main(argv: list[str]) -> int:
   log_format = logs.configure(flags.FLAGS.log_format, os.environ)
   code = run_command(argv, os.environ, log_format=log_format)
   preemption.release_sigterm("before training started")  # a run that ended before its strategy existed
-  if code in (EXIT_EXTERNAL_FAILURE, preemption.EXIT_PREEMPTED):
+  if code in (EXIT_EXTERNAL_FAILURE, EXIT_PREEMPTED):
     # Storage or a peer is gone: TensorFlow's clean-up at exit would retry it (summary writers flush again, each
     # flush retried for about 40 s; measured: minutes after the error line). Preempted: the checkpoint is saved
     # and closed, and a MultiWorkerMirrored chief's clean-up waited on its stopped peers past Spot's 30 s

@@ -25,6 +25,7 @@ import time
 from scripts.localrun.planning import local_argv
 from scripts.localrun.planning import Preemption
 from scripts.localrun.planning import Replica
+from trainer.core.errors import EXIT_USER_ERROR  # the trainer's exit code for bad input (one `error:` line)
 
 
 class _Streamer(threading.Thread):
@@ -107,7 +108,6 @@ def _log_size(replica: Replica) -> int:
 
 
 VERTEX_RESTARTS = 5  # Vertex restarts a failed replica up to 5 times (then retries the job up to 3 times)
-EXIT_USER_ERROR = 2  # the trainer's exit code for bad input (one `error:` line)
 
 
 def _as_vertex_reports(code: int | None) -> int | None:

@@ -48,4 +48,9 @@ class ExternalFailure(Exception):
   """
 
 
-EXIT_EXTERNAL_FAILURE = 1
+# The trainer's exit codes, here and nowhere else (docs/reliability.md#exit-codes). Vertex restarts a replica
+# or a job on any non-zero exit; the codes tell a person (and scripts.local_vertex) why.
+EXIT_OK = 0
+EXIT_EXTERNAL_FAILURE = 1  # a peer or Cloud Storage failed: a restart resumes from the last checkpoint
+EXIT_USER_ERROR = 2  # bad input, one `error:` line: a restart would fail the same way
+EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a scheduler expects from a process ended by SIGTERM (a Spot preemption)

@@ -23,7 +23,7 @@ from trainer.core.errors import UserError
 # (64 MiB by default), and zero-fills all of it at every file open. With 8-16 files read in parallel that is
 # 0.5-1 GiB of RAM and a 64 MiB memset per file. With 8 MiB the trainer read the benchmark's shards through
 # the emulator 1.18x faster than with the default, at 896 instead of 2157 MiB peak RSS
-# (scripts/bench_input.py). Smaller blocks measured a little faster still against the emulator, but every
+# (scripts/bench/input.py). Smaller blocks measured a little faster still against the emulator, but every
 # block is one request, and a request to real Cloud Storage takes tens of milliseconds; 8 MiB keeps a
 # 100 MiB shard to 13 requests.
 GCS_READ_BLOCK_MB = 8

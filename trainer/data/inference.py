@@ -605,7 +605,7 @@ def _text_feature(column: _Column, words: dict[str, int], mean_words: float, con
 
   reserved = set(schema_lib.RESERVED_TOKENS)
   vocabulary = most_frequent(collections.Counter({t: c for t, c in token_counts.items() if t not in reserved}))
-  # Word pairs too ("not good"): measured on Rotten Tomatoes (scripts/bench_models.py), the bag of words and word
+  # Word pairs too ("not good"): measured on Rotten Tomatoes (scripts/bench/models.py), the bag of words and word
   # pairs reaches TF-IDF + logistic regression over both, where the words alone stayed 0.01 below it.
   bigrams = [f"{a} {b}" for a, b in most_frequent(collections.Counter(
       {pair: c for pair, c in bigram_counts.items() if not reserved.intersection(pair)}))]

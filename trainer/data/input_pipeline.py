@@ -195,7 +195,7 @@ def _shuffle_parsed_batches(ds, *, batches_per_window: int, seed: int | None, de
   """Pools every `batches_per_window` consecutive parsed batches and deals their rows out again at random.
 
   Why here and not `Dataset.shuffle` on serialized records: a per-record shuffle buffer costs about a third of
-  the pipeline's throughput on two cores (scripts/bench_input.py), because every record becomes its own
+  the pipeline's throughput on two cores (scripts/bench/input.py), because every record becomes its own
   string tensor. Parsed batches are a few dense numeric columns (categorical values are already ids), so a
   permutation of a window of them is one gather per column. Each output batch is a uniform sample without
   replacement from its window of `batches_per_window * batch_size` consecutive examples (already mixed across
@@ -227,7 +227,7 @@ def _reader(source: formats.Source, csv_layout):
   or (CSV whose quoted fields break lines) CsvDataset's tuples of the schema's columns.
 
   CSV lines are decoded a batch at a time by `tf.io.decode_csv` rather than read by `CsvDataset`: 1.4x the
-  throughput here (scripts/bench_formats.py); only CsvDataset follows a quoted field across lines. No per-line
+  throughput here (scripts/bench/formats.py); only CsvDataset follows a quoted field across lines. No per-line
   filter (blank lines): a per-element filter cost JSONL three quarters of its throughput; a blank line is a bad
   record instead, named by pre-flight."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top

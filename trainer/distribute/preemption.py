@@ -32,7 +32,7 @@ import re
 import signal
 import threading
 
-EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a scheduler expects from a process ended by SIGTERM
+from trainer.core.errors import EXIT_PREEMPTED
 
 
 class Preempted(Exception):

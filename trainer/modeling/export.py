@@ -41,7 +41,7 @@ RUN_RECORD_FILE = "trainer_config.json"
 def served_schema(model, schema: schema_lib.Schema) -> schema_lib.Schema:
   """The schema of what the model takes. A feature it never sees (a CNN's tabular columns, the string column a
   plug-in over the numeric vector leaves out) is no input of the export, so a request need not carry it; sent
-  anyway, it is ignored as any field that is not an input is (scripts/predict.py)."""
+  anyway, it is ignored as any field that is not an input is (serving/predict.py)."""
   names = models.input_names(model)
   if names is None:
     return schema  # a subclassed model over the dict: it may read any feature

@@ -3,42 +3,17 @@ signature) and the TF2 way (`tf.saved_model.load`), for rows as Vertex sends the
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 
 import numpy as np
 
-from scripts import predict
-
-
-def instances_from_records(model_dir: str, pattern: str, count: int = 50) -> list[dict]:
-  """The first `count` eval examples as Vertex prediction instances (one JSON object per row)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  with open(os.path.join(model_dir, "trainer_config.json")) as f:
-    schema = json.load(f)["schema"]
-  rows = []
-  for record in tf.data.TFRecordDataset(sorted(glob.glob(pattern))).take(count):
-    feature_map = tf.train.Example.FromString(record.numpy()).features.feature
-    row = {}
-    for feature in schema["features"]:
-      value = feature_map[feature["name"]]
-      if feature["type"] == "string":
-        row[feature["name"]] = value.bytes_list.value[0].decode()
-      elif feature["type"] == "image":
-        pixels = np.frombuffer(value.bytes_list.value[0], np.uint8).reshape(feature["shape"])
-        row[feature["name"]] = pixels.astype(float).tolist()
-      elif feature["type"] == "int":
-        row[feature["name"]] = int(value.int64_list.value[0])
-      else:
-        row[feature["name"]] = float(value.float_list.value[0])
-    rows.append(row)
-  return rows
+from scripts.check_model import instances_from_records  # pylint: disable=unused-import  (the tests use it from here too)
+from serving import predict
 
 
 def assert_loaders_agree(model_dir: str, eval_pattern: str) -> dict:
-  """Session-loader predictions (the `scripts.predict` command's path) allclose to `tf.saved_model.load`'s;
+  """Session-loader predictions (the `serving.predict` command's path) allclose to `tf.saved_model.load`'s;
   returns the Vertex-shaped response."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 

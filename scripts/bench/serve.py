@@ -1,4 +1,4 @@
-"""The local endpoint's overhead: the same requests answered over HTTP by `python -m scripts.serve` and in-process
+"""The local endpoint's overhead: the same requests answered over HTTP by `python -m serving.serve` and in-process
 by the session loader it wraps, at 1, 8 and 32 concurrent clients, side by side in one run.
 
 Trains a churn model (the demo's data, 200 steps), starts the endpoint on a free port, then for each concurrency
@@ -6,8 +6,8 @@ sends --requests requests of --rows rows each (Vertex's `{"instances": [...]}` b
 connections, one per client) and once as direct calls of `predict.predict` from the same number of threads. Prints
 requests/s, median and p95 latency for both, and the ratio HTTP / in-process.
 
-    python -m scripts.bench_serve                        # about 2 minutes on 2 CPU cores
-    python -m scripts.bench_serve --rows=32 --requests=2000
+    python -m scripts.bench.serve                        # about 2 minutes on 2 CPU cores
+    python -m scripts.bench.serve --rows=32 --requests=2000
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from scripts import check_model
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # scripts/bench/ -> the repository
 ENV = {**os.environ, "GCE_METADATA_HOST": "127.0.0.1:9", "GCE_METADATA_IP": "127.0.0.1:9", "NO_GCE_CHECK": "true",
        "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
 
@@ -40,10 +42,7 @@ def _model(directory: str) -> str:
 
 
 def _rows(directory: str, count: int) -> list[dict]:
-  sys.path.insert(0, os.path.join(REPO, "tests"))
-  import serving  # pylint: disable=g-import-not-at-top  (the tests' reader of eval records as Vertex instances)
-
-  return serving.instances_from_records(os.path.join(directory, "out", "model"),
+  return check_model.instances_from_records(os.path.join(directory, "out", "model"),
                                         os.path.join(directory, "data", "eval", "*.tfrecord"), count)
 
 
@@ -73,13 +72,13 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--rows", type=int, default=8, help="instances per request")
   parser.add_argument("--requests", type=int, default=960, help="requests per measurement")
   args = parser.parse_args(argv)
-  from scripts import predict  # pylint: disable=g-import-not-at-top
+  from serving import predict  # pylint: disable=g-import-not-at-top
 
   with tempfile.TemporaryDirectory(prefix="bench-serve-") as directory:
     model_dir = _model(directory)
     body = {"instances": _rows(directory, args.rows)}
     payload = json.dumps(body)
-    server = subprocess.Popen([sys.executable, "-m", "scripts.serve", f"--model_dir={model_dir}", "--port=0"],
+    server = subprocess.Popen([sys.executable, "-m", "serving.serve", f"--model_dir={model_dir}", "--port=0"],
                               env=ENV, stdout=subprocess.PIPE, text=True)
     try:
       started = json.loads(server.stdout.readline())

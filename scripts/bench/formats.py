@@ -2,10 +2,10 @@
 plain tf.data reader of the same files, on local disk and on gs:// (emulated), in one run; memory at 10x the data;
 and how long schema inference takes on a 1M-row CSV.
 
-    .venv/bin/python -m scripts.bench_formats                      # 200k examples in 8 shards, batch 1024
-    .venv/bin/python -m scripts.bench_formats --rounds=4 --num_examples=50000   # quicker, noisier
+    .venv/bin/python -m scripts.bench.formats                      # 200k examples in 8 shards, batch 1024
+    .venv/bin/python -m scripts.bench.formats --rounds=4 --num_examples=50000   # quicker, noisier
 
-It measures the way scripts/bench_input.py does (scripts/bench_turns.py's `Turns`: one process per pipeline, each timed in short
+It measures the way scripts/bench/input.py does (scripts/bench/harness.py's `Turns`: one process per pipeline, each timed in short
 slices while the others are frozen, ratios taken within a round, medians over rounds). The data is the demo
 churn dataset (3 numbers, 2 categories, an int label) written by this script as CSV with a header, gzip TFRecord
 and JSONL (json.dumps per row).
@@ -29,10 +29,9 @@ import json
 import os
 import shutil
 import statistics
-import tempfile
 import time
 
-from scripts import bench_turns
+from scripts.bench import harness
 
 FORMATS = ("csv", "tfrecord_gz", "jsonl")
 EXTENSIONS = {"csv": "csv", "tfrecord_gz": "tfrecord.gz", "jsonl": "jsonl"}
@@ -40,7 +39,7 @@ CEILINGS = {"csv": ("ceiling_csvdataset", "ceiling_decode_csv"), "tfrecord_gz": 
             "jsonl": ("ceiling_greedy", "ceiling_lazy")}
 
 
-BUILDER = "scripts.bench_formats:build"  # how each pipeline process builds its pipeline (scripts/bench_turns.py)
+BUILDER = "scripts.bench.formats:build"  # how each pipeline process builds its pipeline (scripts/bench/harness.py)
 
 
 def build(kind: str, pattern: str, schema_path: str, batch: int):
@@ -167,16 +166,13 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--num_examples", type=int, default=200_000)
   parser.add_argument("--num_shards", type=int, default=8)
-  parser.add_argument("--batch_size", type=int, default=1024)
-  parser.add_argument("--rounds", type=int, default=8)
-  parser.add_argument("--slice_secs", type=float, default=2.0)
+  harness.add_turn_flags(parser, batch_size=1024)
   parser.add_argument("--inference_rows", type=int, default=1_000_000)
   args = parser.parse_args()
 
-  from scripts import demo_data, emulator as emulator_lib, stage_data  # pylint: disable=g-import-not-at-top
+  from scripts import demo_data, stage_data  # pylint: disable=g-import-not-at-top
 
-  scratch = tempfile.mkdtemp(prefix="bench-formats-")
-  try:
+  with harness.scratch("formats") as scratch:
     print(f"making {args.num_examples} examples in {args.num_shards} shards as CSV, gzip TFRecord, JSONL ...",
           flush=True)
     demo_data.make(scratch, num_train=args.num_examples, num_eval=8, num_shards=args.num_shards)
@@ -184,8 +180,7 @@ def main() -> None:
     patterns = write_formats(local_dir, os.path.join(scratch, "formats"))
     inference_secs, sampled = time_inference(local_dir, scratch, args.inference_rows)
     schema_path = os.path.join(local_dir, "schema.json")
-    with emulator_lib.running(buckets=("bench",), directory=os.path.join(scratch, "gcs")) as emulator:
-      env = {**os.environ, **emulator.env, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": bench_turns.REPO}
+    with harness.bench_bucket(scratch) as (emulator, env):
       kinds = {}
       for fmt, pattern in patterns.items():
         stage_data.upload_tree(os.path.dirname(pattern), f"gs://bench/{fmt}", client=emulator.storage_client())
@@ -194,7 +189,7 @@ def main() -> None:
         for ceiling in CEILINGS[fmt]:
           kinds[f"{fmt}.{ceiling}"] = (pattern, env)
       print(f"starting {len(kinds)} pipeline processes ...", flush=True)
-      turns = bench_turns.Turns(BUILDER, kinds, schema_path, args.batch_size)
+      turns = harness.Turns(BUILDER, kinds, schema_path, args.batch_size)
       rounds = []
       try:
         for number in range(args.rounds + 1):  # round 0 untimed
@@ -212,11 +207,9 @@ def main() -> None:
       memory = {}
       for fmt, pattern in patterns.items():
         big = ten_times(pattern)
-        memory[fmt] = [bench_turns.one_pass_rss(BUILDER, f"{fmt}.trainer", p, schema_path, args.batch_size,
-                                                args.num_examples * scale, env)
+        memory[fmt] = [harness.one_pass_rss(BUILDER, f"{fmt}.trainer", p, schema_path, args.batch_size,
+                                            args.num_examples * scale, env)
                        for p, scale in ((pattern, 1), (big, 10))]
-  finally:
-    shutil.rmtree(scratch, ignore_errors=True)
 
   print(f"\n{args.num_examples:,} examples, {args.num_shards} shards, batch {args.batch_size}; {args.rounds} rounds "
         f"of {args.slice_secs:g} s slices; examples/s are medians over rounds")

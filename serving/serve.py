@@ -1,6 +1,6 @@
 r"""A local endpoint speaking Vertex AI's custom-container contract, with the model loaded as TF Serving loads it.
 
-    python -m scripts.serve --model_dir=gs://BUCKET/runs/RUN/model      # or a local dir; then, from another shell:
+    python -m serving.serve --model_dir=gs://BUCKET/runs/RUN/model      # or a local dir; then, from another shell:
     curl -s localhost:8080/v1/endpoints/local/deployedModels/local:predict -d '{"instances": [{...}]}'
 
 What Vertex gives a serving container, this takes: the port from AIP_HTTP_PORT (default 8080; --port), the health
@@ -9,7 +9,7 @@ AIP_DEPLOYED_MODEL_ID, "local" here), the model from AIP_STORAGE_URI (or --model
 Vertex's: `{"instances": [...], "parameters": {...}}` -> `{"predictions": [...], "deployedModelId": "..."}` (the
 column form `{"inputs": ...}` too, as TF Serving takes it); a request the model cannot answer is 400 with Google's
 error shape `{"error": {"code": 400, "message": ..., "status": "INVALID_ARGUMENT"}}`. Rows are read as training
-read them (scripts/predict.py): the data's own column names, the label column and any other field that is not an
+read them (serving/predict.py): the data's own column names, the label column and any other field that is not an
 input ignored (each such field named once on standard error), a missing or null value given the schema's default.
 Each request runs in its own thread on the one session (TF sessions are thread-safe).
 """
@@ -26,7 +26,7 @@ import socket
 import sys
 import threading
 
-from scripts import predict
+from serving import predict
 
 MAX_BODY_BYTES = 1.5 * 1024 * 1024  # Vertex online prediction's request limit
 
@@ -51,7 +51,7 @@ def make_server(model: predict.SessionModel, *, host: str, port: int, health_rou
   class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: a client's requests reuse one connection, as Vertex's do
     # Headers and body leave in two writes; with Nagle's algorithm the body waits for the client's delayed ACK
-    # (40 ms a request, measured with scripts/bench_serve.py).
+    # (40 ms a request, measured with scripts/bench/serve.py).
     disable_nagle_algorithm = True
 
     def log_message(self, *args):  # one line per request is noise at 1,000 requests a second

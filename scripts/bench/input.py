@@ -1,10 +1,10 @@
 """Input-pipeline benchmark: the trainer's pipeline on gs:// (emulated) and on local disk, against the fastest
 plain tf.data pipeline we could write and a naive one, over the same shards, in one run.
 
-    .venv/bin/python -m scripts.bench_input                     # 200k examples in 8 shards, batch 1024
-    .venv/bin/python -m scripts.bench_input --rounds=4 --num_examples=50000   # quicker, noisier
+    .venv/bin/python -m scripts.bench.input                     # 200k examples in 8 shards, batch 1024
+    .venv/bin/python -m scripts.bench.input --rounds=4 --num_examples=50000   # quicker, noisier
 
-How it measures, and why (scripts/bench_turns.py). Every pipeline runs in its own process, built once and warmed
+How it measures, and why (scripts/bench/harness.py). Every pipeline runs in its own process, built once and warmed
 up. The processes take turns: one runs a timed slice (--slice_secs, after a few untimed batches) while every other one is
 frozen with SIGSTOP, so no pipeline fills its buffers, or takes CPU, during another one's turn. A round gives
 every pipeline one slice (order reversed every other round); ratios are taken within a round and the median
@@ -23,9 +23,8 @@ import glob
 import os
 import shutil
 import statistics
-import tempfile
 
-from scripts import bench_turns
+from scripts.bench import harness
 
 
 PIPELINES = {
@@ -43,7 +42,7 @@ EXTRAS = {
     "a0": "trainer pipeline, gs://, TensorFlow's default 64 MiB read blocks",
 }
 GOALS = (("(b)/(c)", "b", "c", 0.9), ("(a)/(b)", "a", "b", 0.9), ("(b)/(d)", "b", "d", 3.0))
-BUILDER = "scripts.bench_input:build"  # how each pipeline process builds its pipeline (scripts/bench_turns.py)
+BUILDER = "scripts.bench.input:build"  # how each pipeline process builds its pipeline (scripts/bench/harness.py)
 
 
 def build(kind: str, pattern: str, schema_path: str, batch: int):
@@ -84,15 +83,12 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--num_examples", type=int, default=200_000)
   parser.add_argument("--num_shards", type=int, default=8)
-  parser.add_argument("--batch_size", type=int, default=1024)
-  parser.add_argument("--rounds", type=int, default=12, help="timed rounds (each gives every pipeline one slice)")
-  parser.add_argument("--slice_secs", type=float, default=2.0, help="timed seconds per pipeline per round")
+  harness.add_turn_flags(parser, batch_size=1024, rounds=12)
   args = parser.parse_args()
 
-  from scripts import demo_data, emulator as emulator_lib, stage_data  # pylint: disable=g-import-not-at-top
+  from scripts import demo_data, stage_data  # pylint: disable=g-import-not-at-top
 
-  scratch = tempfile.mkdtemp(prefix="bench-input-")
-  try:
+  with harness.scratch("input") as scratch:
     print(f"making {args.num_examples} examples in {args.num_shards} shards ...", flush=True)
     demo_data.make(scratch, num_train=args.num_examples, num_eval=8, num_shards=args.num_shards,
                    formats=("tfrecord",))
@@ -106,15 +102,14 @@ def main() -> None:
         os.link(path, os.path.join(big_dir, f"c{copy}-{os.path.basename(path)}"))
     shutil.copy(f"{local_dir}/schema.json", big_dir)
     schema_path = f"{local_dir}/schema.json"
-    with emulator_lib.running(buckets=("bench",), directory=os.path.join(scratch, "gcs")) as emulator:
+    with harness.bench_bucket(scratch) as (emulator, env):
       stage_data.upload_tree(local_dir, "gs://bench/train", client=emulator.storage_client())
-      env = {**os.environ, **emulator.env, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": bench_turns.REPO}
       env.pop("GCS_READ_CACHE_BLOCK_SIZE_MB", None)  # (a) gets the trainer's setting, (a0) TF's default
       gcs_pattern, local_pattern = "gs://bench/train/*.tfrecord", f"{local_dir}/*.tfrecord"
       kinds = {"a": (gcs_pattern, env), "a0": (gcs_pattern, {**env, "GCS_READ_CACHE_BLOCK_SIZE_MB": "64"}),
                "b": (local_pattern, env), **{c: (local_pattern, env) for c in CEILINGS}, "d": (local_pattern, env)}
       print(f"starting {len(kinds)} pipeline processes ...", flush=True)
-      turns = bench_turns.Turns(BUILDER, kinds, schema_path, args.batch_size)
+      turns = harness.Turns(BUILDER, kinds, schema_path, args.batch_size)
       rounds: list[dict[str, float]] = []
       emulator_cpu = emulator_secs = 0.0
       try:
@@ -123,10 +118,10 @@ def main() -> None:
           rates = {}
           for kind in order:
             if kind == "a":
-              before = bench_turns.cpu_seconds(emulator.pids)
+              before = harness.cpu_seconds(emulator.pids)
             got = turns.run_slice(kind, args.slice_secs)
             if kind == "a" and number:  # how much of the machine the emulator took while (a) was timed
-              emulator_cpu += bench_turns.cpu_seconds(emulator.pids) - before
+              emulator_cpu += harness.cpu_seconds(emulator.pids) - before
               emulator_secs += got["seconds"]
             rates[kind] = got["examples"] / got["seconds"]
           if number:
@@ -135,11 +130,9 @@ def main() -> None:
         peaks = turns.finish()
       finally:
         turns.close()
-      memory = {scale: bench_turns.one_pass_rss(BUILDER, "b", f"{d}/*.tfrecord", schema_path, args.batch_size,
-                                     args.num_examples * (10 if scale == "10x" else 1), env)
+      memory = {scale: harness.one_pass_rss(BUILDER, "b", f"{d}/*.tfrecord", schema_path, args.batch_size,
+                                            args.num_examples * (10 if scale == "10x" else 1), env)
                 for scale, d in (("1x", local_dir), ("10x", big_dir))}
-  finally:
-    shutil.rmtree(scratch, ignore_errors=True)
 
   medians = {kind: statistics.median([r[kind] for r in rounds]) for kind in kinds}
   ceiling = max(CEILINGS, key=lambda c: medians[c])

