@@ -5,12 +5,17 @@
 # suite also serves its exports on TF 2.15 (.venv-tf215, requirements-tf215.txt), the prebuilt prediction image's.
 # Tests start (and stop) every service they use themselves, the Cloud Storage emulator included.
 #   bash scripts/test.sh            # all tests, then the TF 2.17 smoke subset
+#   bash scripts/test.sh --quick    # the quick tier before each commit (pytest -m quick, two processes; < 3 min)
 #   bash scripts/test.sh -k cluster # pytest arguments pass through (the smoke subset is then skipped)
 #   SMOKE_TF217=0 bash scripts/test.sh   # skip the TF 2.17 subset
 #   TEST_WORKERS=0 bash scripts/test.sh  # one test process instead of two
 set -euo pipefail
 cd "$(dirname "$0")/.."
 smoke=0
+if [ "${1:-}" = "--quick" ]; then
+  shift
+  set -- -m quick -n "${TEST_WORKERS:-2}" "$@"
+fi
 if [ "$#" -eq 0 ] && [ "${SMOKE_TF217:-1}" != "0" ]; then
   smoke=1
   # The prebuilt-image stack installs beside the main one (each install is mostly one core unpacking wheels);

@@ -25,6 +25,9 @@ from trainer.data import formats
 from trainer.data import inference as schema_inference
 from trainer.planning import preflight
 
+# The quick tier (scripts/test.sh --quick): no test here trains for long or waits on peers.
+pytestmark = pytest.mark.quick
+
 COLUMN = "sepal length (cm)"
 COMMON = ["--global_batch_size=16", "--shuffle_buffer=0", "--label=species"]
 

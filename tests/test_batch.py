@@ -20,6 +20,9 @@ from scripts import batch_predict
 from serving import predict
 from scripts import stage_data
 
+# The quick tier (scripts/test.sh --quick): no test here trains for long or waits on peers.
+pytestmark = pytest.mark.quick
+
 
 @pytest.fixture(scope="module")
 def iris_model(tmp_path_factory):

@@ -7,6 +7,9 @@ import pytest
 from trainer.core.errors import UserError
 from trainer.distribute import cluster
 
+# The quick tier (scripts/test.sh --quick): no test here trains for long or waits on peers.
+pytestmark = pytest.mark.quick
+
 ADDR = {"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1"]}
 
 

@@ -10,6 +10,9 @@ from trainer.core import config as config_lib
 from trainer.core.errors import UserError
 from trainer.distribute import plan as plan_lib
 
+# The quick tier (scripts/test.sh --quick): no test here trains for long or waits on peers.
+pytestmark = pytest.mark.quick
+
 
 @pytest.fixture
 def parse():

@@ -16,6 +16,9 @@ from trainer.data import input_pipeline
 from trainer.data import schema as schema_lib
 from trainer.planning import preflight
 
+# The quick tier (scripts/test.sh --quick): no test here trains for long or waits on peers.
+pytestmark = pytest.mark.quick
+
 
 @pytest.fixture(scope="module")
 def churn(churn_data):

@@ -25,6 +25,9 @@ from scripts import gcs_emulator
 from scripts.emulator import copy as copy_lib
 from scripts.emulator import process
 
+# The quick tier (scripts/test.sh --quick): no test here trains for long or waits on peers.
+pytestmark = pytest.mark.quick
+
 # What `start` exports, from the emulator's own table (the placeholder has no ports; only the names count).
 EMULATOR_VARIABLES = frozenset(process.Emulator(gcs_port=0, proxy_port=0, directory="", pids=[], ca_path="").env)
 CLI = [sys.executable, "-m", "scripts.gcs_emulator"]

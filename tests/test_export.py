@@ -13,6 +13,9 @@ from trainer.data import schema as schema_lib
 from trainer.modeling import export
 from trainer.modeling import models
 
+# The quick tier (scripts/test.sh --quick): no test here trains for long or waits on peers.
+pytestmark = pytest.mark.quick
+
 MARKER = "eval_metrics.json"
 
 

@@ -17,6 +17,9 @@ from trainer.data import schema as schema_lib
 from trainer.modeling import models
 from trainer.planning import examples
 
+# The quick tier (scripts/test.sh --quick): no test here trains for long or waits on peers.
+pytestmark = pytest.mark.quick
+
 SCHEMA = schema_lib.parse_schema({
     "features": [
         {"name": "age", "type": "float", "mean": 40.0, "std": 10.0},

@@ -4,6 +4,9 @@ import pytest
 
 from trainer.training import fit_loop
 
+# The quick tier (scripts/test.sh --quick): no test here trains for long or waits on peers.
+pytestmark = pytest.mark.quick
+
 
 @pytest.mark.parametrize("start,total,per_epoch,stop,calls", [
     (0, 31, 200, True, [(0, 1, 200)]),  # --epochs=1 of 31 steps: one epoch, cut short at step 31

@@ -31,6 +31,9 @@ from trainer.planning import preflight
 from scripts.public_data import iris_frame
 from scripts.public_data import png as _png
 
+# The quick tier (scripts/test.sh --quick): no test here trains for long or waits on peers.
+pytestmark = pytest.mark.quick
+
 SKLEARN_DATA = os.path.join(os.path.dirname(sk_datasets.__file__), "data")
 
 

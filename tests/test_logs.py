@@ -10,6 +10,9 @@ import pytest
 import procs
 from trainer.core import logs
 
+# The quick tier (scripts/test.sh --quick): no test here trains for long or waits on peers.
+pytestmark = pytest.mark.quick
+
 # Lines TensorFlow's C++ runtime writes itself (not Python records): absl-C++ prefixes and their continuations.
 _RUNTIME_LINE = re.compile(r"^([IWEF]\d{4} |WARNING: All log messages before absl::InitializeLog|To enable the "
                            r"following instructions)")

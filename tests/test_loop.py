@@ -1,6 +1,11 @@
 """The outer loop's cadence, with a fake source and clock: pure Python, no TensorFlow."""
 
+import pytest
+
 from trainer.training import loop
+
+# The quick tier (scripts/test.sh --quick): no test here trains for long or waits on peers.
+pytestmark = pytest.mark.quick
 
 
 class FakeClock:

@@ -1,6 +1,11 @@
 """Progress lines (what Vertex's log viewer shows), pinned with an injected clock."""
 
+import pytest
+
 from trainer.core import progress
+
+# The quick tier (scripts/test.sh --quick): no test here trains for long or waits on peers.
+pytestmark = pytest.mark.quick
 
 
 def test_log_line_is_exact():

@@ -22,6 +22,9 @@ from trainer.data import input_pipeline
 from trainer.data import schema as schema_lib
 from trainer.planning import preflight
 
+# The quick tier (scripts/test.sh --quick): no test here trains for long or waits on peers.
+pytestmark = pytest.mark.quick
+
 SCHEMA = {
     "features": [
         {"name": "age", "type": "float", "mean": 40.0, "std": 12.0, "default": 35.0},  # the default, not the mean

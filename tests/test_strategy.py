@@ -6,6 +6,9 @@ from trainer.core.errors import UserError
 from trainer.distribute import cluster
 from trainer.distribute import strategy
 
+# The quick tier (scripts/test.sh --quick): no test here trains for long or waits on peers.
+pytestmark = pytest.mark.quick
+
 LOCAL = cluster.ClusterRole()
 MULTI = cluster.ClusterRole("chief", 0, {"chief": ("c:1",), "worker": ("w:1",)}, "TF_CONFIG")
 MULTI_WORKER = cluster.ClusterRole("worker", 0, {"chief": ("c:1",), "worker": ("w:1",)}, "TF_CONFIG")

@@ -4,7 +4,12 @@ no module of the trainer importing tooling. Read from the source with `ast`; not
 import ast
 import os
 
+import pytest
+
 import procs
+
+# The quick tier (scripts/test.sh --quick): no test here trains for long or waits on peers.
+pytestmark = pytest.mark.quick
 
 PACKAGES = ("trainer", "serving", "scripts")
 

@@ -21,6 +21,9 @@ import user_package
 from scripts import submit
 from scripts import vertex_config
 
+# The quick tier (scripts/test.sh --quick): no test here trains for long or waits on peers.
+pytestmark = pytest.mark.quick
+
 CONFIGS = sorted(glob.glob(os.path.join(procs.REPO, "cloud_configs", "*.yaml")))
 VALUES = {"PROJECT": "p", "REGION": "us-central1", "BUCKET": "b", "PACKAGE_URI": "gs://b/staging/t.tar.gz",
           "RUN_ID": "r1"}
