@@ -56,8 +56,7 @@ def build(kind: str, pattern: str, schema_path: str, batch: int):
   fmt, variant = kind.split(".")
   source = formats.source_for(files, flag="bench")
   if variant in ("trainer", "gcs"):
-    return input_pipeline.make_dataset_fn(files, schema, source=source, global_batch_size=batch, training=True,
-                                          seed=1)(None)
+    return harness.trainer_pipeline(files, schema, batch, source=source)
   numeric = {f.name for f in schema.features if f.type != "string"} | {schema.label.name}
 
   def interleave(reader):

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # scripts/bench/ -> the repository
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # scripts/bench/..
 _UNTIMED_BATCHES = 10  # after each resume: drains what was in flight when the process was frozen
 
 
@@ -158,6 +158,17 @@ def report(rounds: list[dict[str, float]], ratios, memory: tuple[float, float], 
   one, ten = memory
   print(f"  peak RSS, one fresh pass: {one:.0f} MiB at 1x, {ten:.0f} MiB at 10x -> {ten / one:.2f}x   goal <= 1.2   "
         f"{'met' if ten / one <= 1.2 else 'NOT met'}")
+
+
+def trainer_pipeline(files: list[str], schema, batch: int, *, source=None):
+  """The trainer's own training pipeline over `files` (`input_pipeline.make_dataset_fn`, the format detected as
+  the trainer detects it unless `source` is given), seeded: the "trainer" row of every input benchmark."""
+  from trainer.data import formats  # pylint: disable=g-import-not-at-top
+  from trainer.data import input_pipeline  # pylint: disable=g-import-not-at-top
+
+  source = source or formats.source_for(files, flag="bench")
+  return input_pipeline.make_dataset_fn(files, schema, source=source, global_batch_size=batch, training=True,
+                                        seed=1)(None)
 
 
 def add_turn_flags(parser, *, batch_size: int, rounds: int = 8) -> None:

@@ -55,8 +55,7 @@ def build(kind: str, pattern: str, schema_path: str, batch: int):
   schema = schema_lib.load_schema(schema_path)
   files = sorted(tf.io.gfile.glob(pattern))
   if kind in ("a", "a0", "b"):
-    return input_pipeline.make_dataset_fn(files, schema, source=formats.TFRECORD, global_batch_size=batch,
-                                          training=True, seed=1)(None)
+    return harness.trainer_pipeline(files, schema, batch, source=formats.TFRECORD)
   spec = input_pipeline.tfrecord_parse_spec(schema)
   if kind == "d":  # what public samples often do
     ds = tf.data.TFRecordDataset(files).repeat().map(lambda s: tf.io.parse_single_example(s, spec))

@@ -31,7 +31,9 @@ from typing import Callable
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # scripts/bench/ -> the repository
+from scripts.bench import harness
+
+REPO = harness.REPO
 BATCH = 32
 
 

@@ -32,16 +32,11 @@ def build(kind: str, pattern: str, schema_path: str, batch: int):
   """One pipeline of this benchmark (built in the pipeline's own process): something `next` can be called on."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from trainer.data import formats  # pylint: disable=g-import-not-at-top
-  from trainer.data import input_pipeline  # pylint: disable=g-import-not-at-top
   from trainer.data import schema as schema_lib  # pylint: disable=g-import-not-at-top
 
   files = sorted(tf.io.gfile.glob(pattern))
   if kind in ("trainer", "gcs"):
-    schema = schema_lib.load_schema(schema_path)
-    source = formats.source_for(files, flag="bench")
-    return input_pipeline.make_dataset_fn(files, schema, source=source, global_batch_size=batch, training=True,
-                                          seed=1)(None)
+    return harness.trainer_pipeline(files, schema_lib.load_schema(schema_path), batch)
   return _pyarrow_batches(files, batch, to_numpy=kind == "pyarrow_numpy")
 
 

@@ -24,8 +24,9 @@ import tempfile
 import time
 
 from scripts import check_model
+from scripts.bench import harness
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # scripts/bench/ -> the repository
+REPO = harness.REPO
 ENV = {**os.environ, "GCE_METADATA_HOST": "127.0.0.1:9", "GCE_METADATA_IP": "127.0.0.1:9", "NO_GCE_CHECK": "true",
        "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
 

@@ -20,9 +20,10 @@ import subprocess
 import sys
 import tempfile
 
+from scripts.bench import harness
 from trainer.modeling import export
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # scripts/bench/ -> the repository
+REPO = harness.REPO
 VARIANTS = [("float32", []), ("mixed_float16", ["--precision=mixed_float16"]),
             ("mixed_bfloat16", ["--precision=mixed_bfloat16"]), ("float32+xla", ["--jit_compile"]),
             ("mixed_float16+xla", ["--precision=mixed_float16", "--jit_compile"]),

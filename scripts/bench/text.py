@@ -31,8 +31,6 @@ def build(kind: str, pattern: str, schema_path: str, batch: int):
   """One pipeline of this benchmark (built in the pipeline's own process)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from trainer.data import formats  # pylint: disable=g-import-not-at-top
-  from trainer.data import input_pipeline  # pylint: disable=g-import-not-at-top
   from trainer.data import schema as schema_lib  # pylint: disable=g-import-not-at-top
 
   schema = schema_lib.load_schema(schema_path)
@@ -40,9 +38,7 @@ def build(kind: str, pattern: str, schema_path: str, batch: int):
   vectorize = tf.keras.layers.TextVectorization(vocabulary=list(text.vocabulary), output_mode="multi_hot")
   files = sorted(tf.io.gfile.glob(pattern))
   if kind in ("trainer", "gcs"):
-    source = formats.source_for(files, flag="bench")
-    ds = input_pipeline.make_dataset_fn(files, schema, source=source, global_batch_size=batch, training=True,
-                                        seed=1)(None)
+    ds = harness.trainer_pipeline(files, schema, batch)
     return ds.map(lambda features, label: (vectorize(features["text"]), label), num_parallel_calls=tf.data.AUTOTUNE)
   ds = tf.data.Dataset.from_tensor_slices(files).repeat().interleave(
       lambda path: tf.data.experimental.CsvDataset(path, [tf.string, tf.string], header=True, buffer_size=1 << 20),
