@@ -10,7 +10,6 @@ How Vertex passes a trial's values (what `trial_arg` writes): `--ID=VALUE`, a DI
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 import sys
 from typing import Any, Callable, Collection, Iterator
@@ -251,8 +250,10 @@ def trainer_args(body: dict) -> list[str]:
 def check_trial_values(spec: StudySpec, trial_args: list[str], *, site: str | None = None) -> bool:
   """check_against_trainer with the trainer's own argument check, as submit and local runs use it; `site`: a dir
   the job's packages are installed in, so a plug-in model from --extra_package is read as the trials will read
-  it. Returns False when the model is a plug-in that cannot be imported here (then only the trainer's own flags
-  were judged)."""
+  it (then in a child process, `_check_in`). Returns False when the model is a plug-in that cannot be imported
+  here (then only the trainer's own flags were judged)."""
+  if site is not None:
+    return _check_in(site, spec, trial_args)
   from trainer import flags as trainer_flags  # pylint: disable=g-import-not-at-top
   from trainer.core.errors import UserError  # pylint: disable=g-import-not-at-top
 
@@ -262,16 +263,47 @@ def check_trial_values(spec: StudySpec, trial_args: list[str], *, site: str | No
     except UserError as e:
       raise StudyError(str(e).split("trainer args rejected: ", 1)[-1]) from None
 
-  if site is not None:
-    sys.path.insert(0, site)
-    importlib.invalidate_caches()
-  try:
-    only = trainer_flags.checkable_names(trial_args)
-    check_against_trainer(spec, trial_args, check, only=only)
-  finally:
-    if site is not None:  # forget what was imported from there: the next job's packages are its own
-      sys.path.remove(site)
-      for name, module in list(sys.modules.items()):
-        if (getattr(module, "__file__", None) or "").startswith(site + os.sep):
-          del sys.modules[name]
+  only = trainer_flags.checkable_names(trial_args)
+  check_against_trainer(spec, trial_args, check, only=only)
   return only is None
+
+
+def _check_in(site: str, spec: StudySpec, trial_args: list[str]) -> bool:
+  """`check_trial_values` in a child process that imports from `site` first, as a trial's process will: the
+  plug-in and whatever it imports stay out of this process, and no import path of this one is edited."""
+  import json  # pylint: disable=g-import-not-at-top
+  import pickle  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [site, repo, os.environ.get("PYTHONPATH")]))}
+  # cwd=site: `python -m` puts the working directory first on the path.
+  result = subprocess.run([sys.executable, "-m", "scripts.study_spec"], input=pickle.dumps((spec, trial_args)),
+                          capture_output=True, cwd=site, env=env, timeout=600, check=False)
+  lines = result.stdout.decode(errors="replace").strip().splitlines()
+  if result.returncode or not lines:
+    raise RuntimeError(f"checking the study against {site} failed (exit {result.returncode}): "
+                       f"{result.stderr.decode(errors='replace')[-2000:]}")
+  answer = json.loads(lines[-1])
+  if "error" in answer:
+    raise StudyError(answer["error"])
+  return answer["complete"]
+
+
+def _check_from_stdin() -> None:
+  """The child of `_check_in`: (spec, trial args) pickled on stdin; one JSON line on stdout."""
+  import json  # pylint: disable=g-import-not-at-top
+  import pickle  # pylint: disable=g-import-not-at-top
+
+  from scripts import study_spec  # pylint: disable=g-import-not-at-top  (the module, not this __main__)
+
+  spec, trial_args = pickle.load(sys.stdin.buffer)
+  try:
+    answer = {"complete": study_spec.check_trial_values(spec, trial_args)}
+  except study_spec.StudyError as e:
+    answer = {"error": str(e)}
+  print(json.dumps(answer), flush=True)
+
+
+if __name__ == "__main__":
+  _check_from_stdin()
