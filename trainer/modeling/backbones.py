@@ -83,10 +83,11 @@ def fine_tune(model_config: config_lib.ModelConfig, train_steps: int) -> recipe.
   return recipe.FineTune(at_step=step, factor=DEFAULT_FINE_TUNE_FACTOR if factor is None else factor)
 
 
-def resolved(model_config: config_lib.ModelConfig, train_steps: int) -> config_lib.ModelConfig:
-  """`model_config` with the fine-tuning step filled in from the run's length."""
-  step = fine_tune_step(model_config, train_steps)
-  return dataclasses.replace(model_config, fine_tune_at_step=step) if step is not None else model_config
+def resolved(model_config: config_lib.ModelConfig, fine_tune_phase: recipe.FineTune | None) -> config_lib.ModelConfig:
+  """`model_config` with the fine-tuning step (`fine_tune`'s, resolved once per run) filled in."""
+  if fine_tune_phase is None:
+    return model_config
+  return dataclasses.replace(model_config, fine_tune_at_step=fine_tune_phase.at_step)
 
 
 def build(schema: schema_lib.Schema, model_config: config_lib.ModelConfig, hparams: Mapping[str, Any] | None = None):

@@ -19,6 +19,7 @@ from trainer.distribute import plan as plan_lib
 from trainer.distribute import strategy as strategy_lib
 from trainer.modeling import backbones
 from trainer.modeling import model_registry
+from trainer.modeling import recipe
 from trainer.planning import preflight
 
 
@@ -36,6 +37,9 @@ class Job:
   build_model: Callable[..., Any]
   peer_watchdog: Any = None  # peers.PeerWatchdog in a multi-process job: fed after every chunk
   report_eval: Callable[[dict, int], None] | None = None  # each periodic evaluation to hyperparameter tuning
+  # A backbone model's second phase (the backbone opens, the learning rate drops), resolved once from the run's
+  # length: the model builder and the learning-rate schedule read this one value.
+  fine_tune: recipe.FineTune | None = None
 
   @property
   def schema(self) -> schema_lib.Schema:
@@ -113,11 +117,12 @@ def build_job(config: config_lib.Config, plan: plan_lib.Plan, inputs: preflight.
   is reported (the chief's, to hyperparameter tuning with --hypertune_metric and --eval_every_steps)."""
   build = model_registry.resolve_builder(config.model.name)
   train_steps = preflight.total_steps(config, inputs)
-  model_config = backbones.resolved(config.model, train_steps)  # a backbone's fine-tuning step, from the run's length
+  fine_tune = backbones.fine_tune(config.model, train_steps)
+  model_config = backbones.resolved(config.model, fine_tune)
   return Job(config=config, inputs=inputs, strategy=strategy, choice=plan.choice, role=plan.role,
              train_steps=train_steps, interactive=interactive,
              build_model=lambda: build(inputs.schema, model_config, config.hparams), peer_watchdog=peer_watchdog,
-             report_eval=_hypertune_reporter(config, env or config_lib.Environment(), plan.role))
+             report_eval=_hypertune_reporter(config, env or config_lib.Environment(), plan.role), fine_tune=fine_tune)
 
 
 def _hypertune_reporter(config: config_lib.Config, env: config_lib.Environment, role: cluster_lib.ClusterRole):

@@ -11,7 +11,6 @@ from typing import Callable
 
 from absl import logging
 
-from trainer.modeling import backbones
 from trainer.modeling import models
 from trainer.modeling import objective as objective_lib
 from trainer.modeling import recipe
@@ -39,7 +38,7 @@ def build_model_and_optimizer(job: Job):
         optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
     else:
       optimizer = recipe.make_optimizer(cfg, job.train_steps, keras_version=models.keras_version(),
-                                        fine_tune=backbones.fine_tune(job.config.model, job.train_steps))
+                                        fine_tune=job.fine_tune)
     # Built inside the scope: an optimizer built later keeps non-mirrored slot variables.
     optimizer.build(model.trainable_variables)
   return model, optimizer
