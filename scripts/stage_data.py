@@ -94,7 +94,7 @@ def _file_source(path: str, source: formats.Source, schema: schema_lib.Schema) -
   format (CSV holds no image bytes or lists; a Parquet column's type must hold its kind)."""
   if source.format == "csv":
     source = preflight.csv_columns(source, path, schema, flag="--source")
-  preflight.validate_schema_for_format(schema, source, [path], flag="--source")
+  formats.check_schema(schema, source, [path], flag="--source")
   return source
 
 

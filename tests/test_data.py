@@ -182,7 +182,7 @@ def _check_first(path, schema, fmt, flag="--train_data"):
   source = formats.resolve([str(path)], requested=fmt, vertex_format=None, flag=flag)
   if source.format == "csv":
     source = formats.csv_source(source, str(path), columns=None, flag=flag)
-    preflight.validate_schema_for_format(schema, source, [str(path)], flag=flag)
+    formats.check_schema(schema, source, [str(path)], flag=flag)
   preflight.check_first_record(str(path), source, schema, flag=flag)
 
 

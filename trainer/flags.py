@@ -15,6 +15,7 @@ from trainer.core import config as config_lib
 from trainer.core import hparams as hparams_lib
 from trainer.core import paths
 from trainer.core.errors import UserError
+from trainer.data import formats
 from trainer.data import schema as schema_lib
 from trainer.modeling import model_registry
 from trainer.modeling import objective as objective_lib
@@ -50,7 +51,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                       "none skips evaluation.", **fv)
   flags.DEFINE_string("test_data", None, "Test file pattern, evaluated once after training (exactly one pass) and "
                       "reported as test_* beside the eval_* metrics. Default: $AIP_TEST_DATA_URI.", **fv)
-  flags.DEFINE_enum("data_format", "auto", config_lib.DATA_FORMATS, "Format of the data files; auto: from "
+  flags.DEFINE_enum("data_format", "auto", ("auto", *formats.FLAG_VALUES), "Format of the data files; auto: from "
                     "$AIP_DATA_FORMAT, else the file extension, else the content. Compression (gzip, zlib) is read "
                     "from the files.", **fv)
   flags.DEFINE_string("schema", None, "Feature schema: schema.json, or a TFX/TFDV schema.pbtxt (with --label). "
@@ -270,8 +271,6 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment, *,
 
 def _vertex_data_format(env: config_lib.Environment, requested: str, train_pattern: str) -> str | None:
   """AIP_DATA_FORMAT of a Vertex managed-dataset job, checked; None where it is unset or a flag overrides it."""
-  from trainer.data import formats  # pylint: disable=g-import-not-at-top
-
   value = env.aip_data_format
   if train_pattern.startswith("bq://") or (value or "").lower() == "bigquery":
     raise UserError(f"AIP_DATA_FORMAT={value or '(unset)'} with data {train_pattern}: BigQuery tables are not "

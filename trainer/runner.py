@@ -28,7 +28,7 @@ from trainer.core import paths
 from trainer.core import storage
 from trainer.core.errors import DataError
 from trainer.core.errors import UserError
-from trainer.data import parquet
+from trainer.data.formats import parquet
 from trainer.distribute import cluster as cluster_lib
 from trainer.distribute import ownership
 from trainer.distribute import peers

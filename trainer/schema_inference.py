@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--data", required=True, help="file pattern (local, gs://, /gcs/)")
   parser.add_argument("--label", required=True, help="the label column")
   parser.add_argument("--task", choices=config_lib.TASKS, default="auto")
-  parser.add_argument("--data_format", choices=config_lib.DATA_FORMATS, default="auto")
+  parser.add_argument("--data_format", choices=("auto", *formats.FLAG_VALUES), default="auto")
   parser.add_argument("--csv_columns", default=None, help="comma-separated CSV column names (files without header)")
   parser.add_argument("--output", default=None, help="where to write schema.json (default: beside the data)")
   parser.add_argument("--infer_sample_rows", type=int, default=inference.InferenceConfig.sample_rows)

@@ -13,7 +13,6 @@ from trainer.core.errors import UserError
 
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker_mirrored", "parameter_server", "tpu")
 LOOPS = ("custom", "fit")
-DATA_FORMATS = ("auto", "tfrecord", "csv", "jsonl", "parquet")  # what formats.py reads (this module imports nothing)
 TASKS = ("auto", "classification", "regression")
 OPTIMIZERS = ("adam", "adamw", "sgd", "adagrad", "rmsprop")
 LR_SCHEDULES = ("constant", "cosine", "linear", "exponential")

@@ -139,7 +139,7 @@ def infer_schema(files: list[str], source: formats.Source, config: InferenceConf
   `log`) the decisions that leave a column out that a user may want in."""
   warn = warn or log
   if source.format == "parquet":
-    from trainer.data import parquet  # pylint: disable=g-import-not-at-top
+    from trainer.data.formats import parquet  # pylint: disable=g-import-not-at-top
 
     parquet.check_files_agree(files, flag=flag)  # else a column typed otherwise in one file would be sampled as mixed
     unreadable = {name: kind for name, kind in parquet.unreadable_columns(files[0], flag=flag).items()

@@ -1,5 +1,5 @@
 """Input pipelines: TFRecord (`tf.train.Example`), CSV and JSONL files, plain or gzip/zlib, and Parquet
-(`trainer.data.parquet`), local or `gs://`.
+(`trainer.data.formats.parquet`), local or `gs://`.
 
 The layout follows the tf.data performance guide: shard whole files per input pipeline (the strategy's
 `InputContext`), interleave parallel reads, batch first and then parse the whole batch in one vectorized op,
@@ -157,11 +157,11 @@ _PARQUET_CHUNK_ROWS = 65_536  # rows per call into Python: its fixed cost per ca
 
 def _parquet_batches(files, schema, *, batch_size, training, repeat, shuffle, seed, num_pipelines, pipeline_id,
                      shard_files):
-  """Batches of raw columns from `trainer.data.parquet` (pyarrow in Python; see its docstring for why). Python hands
+  """Batches of raw columns from `trainer.data.formats.parquet` (pyarrow in Python; see its docstring for why). Python hands
   over chunks of many batches, cut into batches by `rebatch`."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from trainer.data import parquet  # pylint: disable=g-import-not-at-top
+  from trainer.data.formats import parquet  # pylint: disable=g-import-not-at-top
 
   mine = files[pipeline_id::num_pipelines] if shard_files else files
   keep_every, keep_offset = (1, 0) if shard_files or num_pipelines == 1 else (num_pipelines, pipeline_id)

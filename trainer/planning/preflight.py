@@ -30,56 +30,6 @@ from trainer.modeling import model_registry
 from trainer.modeling import recipe
 
 
-# Files a pattern such as gs://b/data/* also matches that are not data: the schema beside it.
-# The run record the runner writes beside the checkpoints (its schema is reused when a run restarts).
-
-
-def validate_schema_for_format(schema: schema_lib.Schema, source: formats.Source, files: list[str], *,
-                               flag: str) -> None:
-  if schema.label.multi_label and source.format != "jsonl":
-    raise UserError(f"{flag}: label {schema.label.name!r} is multi-label (a list of class names per record), which "
-                    f"is read from JSONL (Vertex's multi-label export, or a JSON array of names); this is "
-                    f"{source.describe()}")
-  if source.format == "parquet":
-    from trainer.data import parquet  # pylint: disable=g-import-not-at-top
-
-    parquet.check_types(files[0], schema, flag=flag)
-  if source.format == "csv":
-    images = [f.name for f in schema.features if f.type == "image" and not f.uri]
-    if images:
-      raise UserError(f"{flag}: CSV cannot hold image feature(s) {', '.join(images)}; use TFRecord or JSONL, or "
-                      "image URIs (\"uri\": true)")
-    lists = [f.name for f in schema.features if f.values_per_example > 1]
-    if lists:
-      raise UserError(f"{flag}: CSV cannot hold multi-valued feature(s) {', '.join(lists)}; use TFRecord or JSONL")
-    missing = [c for c in schema.columns if c not in source.columns]
-    if missing:
-      raise UserError(f"{flag}: the CSV columns ({', '.join(source.columns)}) lack {', '.join(missing)} named in "
-                      "the schema")
-
-
-def count_records(files: list[str], source: formats.Source) -> int:
-  """Records in `files` (one pass; used to turn --epochs into steps)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  if source.format == "parquet":
-    from trainer.data import parquet  # pylint: disable=g-import-not-at-top
-
-    return sum(parquet.num_rows(path, flag="--train_data") for path in files)
-  if source.format == "image_folder":
-    return len(files)
-  if source.format == "tfrecord":
-    ds = tf.data.TFRecordDataset(files, compression_type=source.compression, num_parallel_reads=tf.data.AUTOTUNE)
-  else:
-    skip = 1 if source.header else 0
-    ds = tf.data.Dataset.from_tensor_slices(files).interleave(
-        lambda path: tf.data.TextLineDataset(path, compression_type=source.compression).skip(skip),
-        num_parallel_calls=tf.data.AUTOTUNE).filter(lambda line: tf.strings.length(tf.strings.strip(line)) > 0)
-    if source.ml_use:
-      ds = ds.filter(formats.ml_use_predicate(source.ml_use))
-  return int(ds.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
-
-
 SPLIT_FLAGS = {"train": "--train_data", "eval": "--eval_data", "test": "--test_data"}
 
 
@@ -143,14 +93,14 @@ def check_inputs(config: config_lib.Config) -> Inputs:
     if sources[split].format == "parquet" and (schema is not None or split != "train"):
       # Footers only: a part written with other types is named before training (schema inference checks the
       # training files itself, before it samples them).
-      from trainer.data import parquet  # pylint: disable=g-import-not-at-top
+      from trainer.data.formats import parquet  # pylint: disable=g-import-not-at-top
 
       parquet.check_files_agree(files[split], flag=flag)
   origin = data_cfg.schema_path
   if schema is None:
     schema, origin = _infer_schema(config, files["train"], sources["train"])
   for split, (flag, _) in splits.items():
-    validate_schema_for_format(schema, sources[split], files[split], flag=flag)
+    formats.check_schema(schema, sources[split], files[split], flag=flag)
     check_first_record(files[split][0], sources[split], schema, flag=flag)
   for split, (flag, _) in splits.items():
     check_split(files[split], sources[split], schema, flag=flag, budget=data_cfg.preflight_records)
@@ -542,7 +492,7 @@ def total_steps(config: config_lib.Config, inputs: Inputs) -> int:
   """--train_steps, or --epochs turned into steps by counting the training records (never 0)."""
   if config.train.train_steps is not None:
     return config.train.train_steps
-  examples = count_records(inputs.train_files, inputs.sources["train"])
+  examples = formats.count_records(inputs.train_files, inputs.sources["train"])
   steps = config.train.epochs * examples // config.train.global_batch_size
   if steps < 1:
     raise UserError(f"--epochs={config.train.epochs} over {examples} examples is less than one batch of "

@@ -1,0 +1,126 @@
+"""Which format and compression the data files are in, and reading, counting and checking them in plain Python.
+
+Each format is one module of this package with one `base.DataFormat` subclass registered by `@base.register`:
+tfrecord, csv, jsonl, parquet, image_folder. The package imports every module in it, so a new format (Avro,
+BigQuery) is one new file; everything here asks the registered classes.
+
+`--data_format=auto` (the default) resolves in this order: a listing every format does not claim as a whole
+(image files in class folders), Vertex's `AIP_DATA_FORMAT` (a managed-dataset job), the file extension
+(`.tfrecord`, `.csv`, `.jsonl`, each optionally `.gz` / `.zz`; `.parquet`), then the first file's content (each
+format's `sniff` in its `sniff_order`: Parquet's `PAR1` magic, a TFRecord, JSON, else CSV). Compression is read
+from each file's first bytes (`base.compression_of`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from trainer.core.errors import UserError
+from trainer.data.formats import base
+from trainer.data.formats.base import BLANK_LINE  # pylint: disable=unused-import  (the package's API)
+from trainer.data.formats.base import FIELD_COUNT  # pylint: disable=unused-import
+from trainer.data.formats.base import FORMATS
+from trainer.data.formats.base import open_text  # pylint: disable=unused-import
+from trainer.data.formats.base import read_head  # pylint: disable=unused-import
+from trainer.data.formats.base import Source
+from trainer.data.formats.csv import csv_source
+from trainer.data.formats.csv import is_number  # pylint: disable=unused-import
+from trainer.data.formats.image_folder import folder_class  # pylint: disable=unused-import
+from trainer.data.formats.image_folder import IMAGE_FOLDER  # pylint: disable=unused-import
+from trainer.data.formats.image_folder import IMAGE_FOLDER_IMAGE  # pylint: disable=unused-import
+from trainer.data.formats.image_folder import IMAGE_FOLDER_LABEL  # pylint: disable=unused-import
+from trainer.data.formats.image_folder import image_folder_files  # pylint: disable=unused-import
+from trainer.data.formats.image_folder import is_image_file  # pylint: disable=unused-import
+from trainer.data.formats.jsonl import count_ml_use  # pylint: disable=unused-import
+from trainer.data.formats.jsonl import flatten_json  # pylint: disable=unused-import
+from trainer.data.formats.jsonl import ml_use_predicate  # pylint: disable=unused-import
+from trainer.data.formats.jsonl import VERTEX_LABEL  # pylint: disable=unused-import
+from trainer.data.formats.jsonl import VERTEX_LABELS  # pylint: disable=unused-import
+from trainer.data.formats.jsonl import VERTEX_METADATA_PREFIXES  # pylint: disable=unused-import
+from trainer.data.formats.jsonl import VERTEX_MULTI_LABEL  # pylint: disable=unused-import
+from trainer.data.formats.jsonl import vertex_export_label  # pylint: disable=unused-import
+from trainer.data.formats.tfrecord import TFRECORD  # pylint: disable=unused-import
+
+for _module in pkgutil.iter_modules(__path__):  # every format registers itself on import
+  importlib.import_module(f"{__name__}.{_module.name}")
+
+# --data_format's values besides "auto"; AIP_DATA_FORMAT values (Vertex managed datasets) -> ours (bigquery is
+# refused with its own message, in flags).
+FLAG_VALUES = tuple(name for name, data_format in FORMATS.items() if data_format.flag_value)
+VERTEX_FORMATS = {vertex_name: name for name, data_format in FORMATS.items()
+                  for vertex_name in data_format.vertex_names}
+
+
+def _extension_format(path: str) -> str | None:
+  """The format the file name claims (after an optional compression extension), None where it says nothing."""
+  name = path.rsplit("/", 1)[-1].lower()
+  for ext in base.COMPRESSED_EXTENSIONS:
+    if name.endswith(ext):
+      name = name[:-len(ext)]
+      break
+  return next((data_format.name for data_format in FORMATS.values()
+               if any(name.endswith(ext) for ext in data_format.extensions)), None)
+
+
+def resolve(files: list[str], *, requested: str, vertex_format: str | None, flag: str) -> Source:
+  """The format and compression of one split's files (CSV columns are settled later, by `csv_source`)."""
+  if requested == "auto" and not vertex_format:
+    for data_format in FORMATS.values():
+      if data_format.claims_listing(files):
+        return Source(data_format.name)
+  compression = base.one_compression(files, flag=flag)
+  if requested != "auto":
+    data_format = requested
+  elif vertex_format:
+    data_format = VERTEX_FORMATS[vertex_format]
+  else:
+    claimed = {}
+    for path in files:
+      kind = _extension_format(path)
+      if kind:
+        claimed.setdefault(kind, path)
+    if len(claimed) > 1:
+      (a, pa), (b, pb) = list(claimed.items())[:2]
+      raise UserError(f"{flag}: the pattern mixes {a} ({pa}) and {b} ({pb}) files; point it at one format")
+    data_format = next(iter(claimed), None) or _sniff_format(files[0], compression, flag=flag)
+  return Source(data_format, compression)
+
+
+def _sniff_format(path: str, compression: str, *, flag: str) -> str:
+  """The first format, in `sniff_order`, whose `sniff` recognises the file's content."""
+  sniffers = sorted((f for f in FORMATS.values() if f.sniff_order is not None), key=lambda f: f.sniff_order)
+  for data_format in sniffers:
+    if data_format.sniff(path, compression, flag=flag):
+      return data_format.name
+  raise UserError(f"{flag}: {path}: no format recognises it; expected one of {', '.join(FLAG_VALUES)}")
+
+
+def source_for(files: list[str], *, requested: str = "auto", columns: tuple[str, ...] | None = None,
+               flag: str) -> Source:
+  """`resolve`, then (CSV) `csv_source` on the first file: how tools outside a training run read a pattern."""
+  source = resolve(files, requested=requested, vertex_format=None, flag=flag)
+  if source.format == "csv":
+    source = csv_source(source, files[0], columns=columns, flag=flag)
+  return source
+
+
+def iter_records(path: str, source: Source, *, flag: str):
+  """(where, {column: value}) of each record: `where` is "line N", "record N" or "row N"; values are as the file
+  holds them: Example value lists (TFRecord), strings (CSV; "" when empty), JSON values (JSONL), pyarrow's Python
+  values (Parquet)."""
+  return FORMATS[source.format].records(path, source, flag=flag)
+
+
+def count_records(files: list[str], source: Source) -> int:
+  """Records in `files` (one pass; used to turn --epochs into steps)."""
+  return FORMATS[source.format].count(files, source)
+
+
+def check_schema(schema, source: Source, files: list[str], *, flag: str) -> None:
+  """Refuses a schema these files cannot hold, in one line naming `flag`."""
+  if schema.label.multi_label and not FORMATS[source.format].holds_label_lists:
+    raise UserError(f"{flag}: label {schema.label.name!r} is multi-label (a list of class names per record), which "
+                    f"is read from JSONL (Vertex's multi-label export, or a JSON array of names); this is "
+                    f"{source.describe()}")
+  FORMATS[source.format].check_schema(schema, source, files, flag=flag)

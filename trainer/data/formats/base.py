@@ -1,0 +1,236 @@
+"""What every data format shares: `Source` (how one split's files are read), the `DataFormat` class each format
+module subclasses and registers, and reading files in plain Python (compression, text, the first bytes).
+
+Compression is read from each file's first bytes (gzip's magic, zlib's header), not trusted from the name: Beam
+and Dataflow write `*.tfrecord.gz`, `gsutil -Z` and some exporters gzip files whose names do not say so.
+Everything here runs before the strategy is built, so it reads files through `tf.io.gfile` and Python's own
+gzip/zlib, and runs no TensorFlow op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import io
+import zlib
+from typing import Any, Iterator
+
+from trainer.core.errors import first_line
+from trainer.core.errors import UserError
+
+COMPRESSED_EXTENSIONS = {".gz": "GZIP", ".gzip": "GZIP", ".zz": "ZLIB", ".zlib": "ZLIB", ".deflate": "ZLIB"}
+_GZIP_MAGIC = b"\x1f\x8b"
+_SNIFFED_FILES = 16  # files whose first bytes are read to check one compression under a pattern
+HEAD_BYTES = 64 * 1024
+# Keys of the records `DataFormat.records` yields for a line that holds no record (checked by
+# preflight.record_problem).
+BLANK_LINE = "\0blank line"
+FIELD_COUNT = "\0field count"
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """How to read one split's files: resolved once in pre-flight, then passed to every reader."""
+
+  format: str  # a registered DataFormat's name: tfrecord | csv | jsonl | parquet | image_folder
+  compression: str = ""  # "" | GZIP | ZLIB (TensorFlow's compression_type names)
+  columns: tuple[str, ...] | None = None  # CSV: every column, in file order
+  header: bool = False  # CSV: the first line of each file is a header row
+  multiline: bool = False  # CSV: quoted fields hold line breaks (pandas writes free text so): read by CsvDataset
+  # Vertex's export JSONL with ml_use labels: read only the lines of this split ("training" also keeps lines
+  # without one, which Vertex would assign to training by default).
+  ml_use: str | None = None
+
+  def describe(self) -> str:
+    data_format = FORMATS[self.format]
+    kind = data_format.display_name
+    text = f"{self.compression.lower()} {kind}" if self.compression else kind
+    if self.ml_use:
+      text += f" (the lines whose ml_use is {self.ml_use}{' or unset' if self.ml_use == 'training' else ''})"
+    return text + data_format.details(self)
+
+
+class DataFormat:
+  """One data format, everything the trainer asks of it before TensorFlow reads it: how to recognise its files
+  (extensions, Vertex's AIP_DATA_FORMAT names, their content), how to describe, read, count and check them.
+
+  A format is one module in `trainer/data/formats/` with one subclass decorated `@register`; the package imports
+  every module in it, so nothing else lists the formats."""
+
+  name: str = ""  # Source.format, and --data_format's value
+  display_name: str = ""  # in messages: "CSV", "gzip CSV"
+  extensions: tuple[str, ...] = ()  # file names that claim the format (before an optional .gz / .zz)
+  vertex_names: tuple[str, ...] = ()  # AIP_DATA_FORMAT values (Vertex managed datasets) that mean it
+  flag_value: bool = True  # a --data_format choice (image folders are only ever detected)
+  sniff_order: int | None = None  # where `sniff` runs among the formats (lower first); None: never by content
+  holds_label_lists: bool = False  # a record can hold a list of class names (a multi-label label)
+
+  def claims_listing(self, files: list[str]) -> bool:
+    """Whether the listed files as a whole are this format (image folders: every file an image)."""
+    del files
+    return False
+
+  def sniff(self, path: str, compression: str, *, flag: str) -> bool:
+    """Whether the first file's content is this format (run in `sniff_order`, the first True wins)."""
+    raise NotImplementedError
+
+  def details(self, source: Source) -> str:
+    """More for `Source.describe` (CSV: its columns and header)."""
+    del source
+    return ""
+
+  def records(self, path: str, source: Source, *, flag: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, {column: value}) of each record of one file, in plain Python: `where` names it in messages."""
+    raise NotImplementedError
+
+  def count(self, files: list[str], source: Source) -> int:
+    """Records in `files` (one pass; used to turn --epochs into steps)."""
+    raise NotImplementedError
+
+  def check_schema(self, schema, source: Source, files: list[str], *, flag: str) -> None:
+    """Refuses a schema the files cannot hold (a UserError naming `flag`)."""
+    del schema, source, files, flag
+
+
+# name -> the format, in registration order (the package imports its modules alphabetically).
+FORMATS: dict[str, DataFormat] = {}
+
+
+def register(cls: type[DataFormat]) -> type[DataFormat]:
+  """Class decorator: the format's one instance joins FORMATS under its name."""
+  if not cls.name or cls.name in FORMATS:
+    raise ValueError(f"data format {cls.__name__}: its name {cls.name!r} is empty or taken")
+  FORMATS[cls.name] = cls()
+  return cls
+
+
+# ----- compression and reading bytes -------------------------------------------------------------------------
+
+
+def compression_of(path: str, *, flag: str) -> str:
+  """"GZIP", "ZLIB" or "" from the file's first bytes."""
+  head = read_head(path, 2, flag=flag)
+  if head[:2] == _GZIP_MAGIC:
+    return "GZIP"
+  if len(head) == 2 and head[0] & 0x0F == 8 and head[0] >> 4 <= 7 and (head[0] << 8 | head[1]) % 31 == 0:
+    return "ZLIB"  # RFC 1950 header; confirmed (or refuted) by decompressing, see `_confirm_zlib`
+  return ""
+
+
+def read_head(path: str, size: int, *, flag: str) -> bytes:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  try:
+    with tf.io.gfile.GFile(path, "rb") as f:
+      return f.read(size)
+  except tf.errors.OpError as e:
+    raise UserError(f"{flag}: cannot read {path}: {first_line(e)}") from None
+
+
+def _confirm_zlib(path: str, *, flag: str) -> bool:
+  try:
+    zlib.decompressobj().decompress(read_head(path, 4096, flag=flag))
+    return True
+  except zlib.error:
+    return False
+
+
+def one_compression(files: list[str], *, flag: str) -> str:
+  """The compression every file shares, read from the first bytes of up to 16 files spread over the list."""
+  step = max(1, len(files) // _SNIFFED_FILES)
+  sampled = files[::step][:_SNIFFED_FILES]
+  if files[-1] not in sampled:
+    sampled.append(files[-1])
+  found: dict[str, str] = {}
+  for path in sampled:
+    kind = compression_of(path, flag=flag)
+    if kind == "ZLIB" and not _confirm_zlib(path, flag=flag):
+      kind = ""
+    found.setdefault(kind, path)
+  if len(found) > 1:
+    described = [f"{kind.lower() or 'uncompressed'} ({path})" for kind, path in found.items()]
+    raise UserError(f"{flag}: the pattern mixes compressions: {' and '.join(described)}; TensorFlow reads one "
+                    "compression per pattern: compress or decompress them alike")
+  return next(iter(found))
+
+
+def text_head(path: str, compression: str, *, flag: str) -> str:
+  with open_text(path, compression, flag=flag) as f:
+    try:
+      return f.read(HEAD_BYTES)
+    except UnicodeDecodeError as e:
+      raise UserError(f"{flag}: {path} is not UTF-8 text (byte {e.start}); expected TFRecord, CSV, "
+                      "JSONL or Parquet data") from None
+    except (OSError, EOFError, zlib.error) as e:
+      raise UserError(f"{flag}: {path} is not valid {compression.lower()} data ({e})") from None
+
+
+class _GFileReader(io.RawIOBase):
+  """`tf.io.gfile.GFile` as a standard readable stream (GFile is not an io.IOBase), for gzip and TextIOWrapper."""
+
+  def __init__(self, gfile):
+    self._gfile = gfile
+
+  def readable(self):
+    return True
+
+  def readinto(self, buffer):
+    data = self._gfile.read(len(buffer))
+    buffer[:len(data)] = data
+    return len(data)
+
+  def close(self):
+    self._gfile.close()
+    super().close()
+
+
+class _ZlibReader(io.RawIOBase):
+  """A readable stream over a zlib-compressed one (gzip.GzipFile's counterpart for TF's ZLIB files)."""
+
+  def __init__(self, raw):
+    self._raw, self._inflate, self._pending = raw, zlib.decompressobj(), b""
+
+  def readable(self):
+    return True
+
+  def readinto(self, buffer):
+    while not self._pending:
+      chunk = self._raw.read(1 << 16)
+      if not chunk:
+        self._pending = self._inflate.flush()
+        break
+      self._pending = self._inflate.decompress(chunk)
+    size = min(len(buffer), len(self._pending))
+    buffer[:size], self._pending = self._pending[:size], self._pending[size:]
+    return size
+
+
+def open_binary(path: str, compression: str, *, flag: str):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  try:
+    raw = io.BufferedReader(_GFileReader(tf.io.gfile.GFile(path, "rb")), buffer_size=1 << 20)
+    raw.peek(1)  # opens it: a missing or unreadable file fails here, with its name
+  except tf.errors.OpError as e:
+    raise UserError(f"{flag}: cannot read {path}: {first_line(e)}") from None
+  if compression == "GZIP":
+    return gzip.GzipFile(fileobj=raw, mode="rb")
+  if compression == "ZLIB":
+    return io.BufferedReader(_ZlibReader(raw))
+  return raw
+
+
+def open_text(path: str, compression: str, *, flag: str):
+  return io.TextIOWrapper(open_binary(path, compression, flag=flag), encoding="utf-8", newline="")
+
+
+def count_text_lines(files: list[str], source: Source, *, skip: int = 0, keep=None) -> int:
+  """Non-blank lines of text files (CSV, JSONL), less `skip` per file, those `keep` keeps (a tf.data predicate)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  ds = tf.data.Dataset.from_tensor_slices(files).interleave(
+      lambda path: tf.data.TextLineDataset(path, compression_type=source.compression).skip(skip),
+      num_parallel_calls=tf.data.AUTOTUNE).filter(lambda line: tf.strings.length(tf.strings.strip(line)) > 0)
+  if keep is not None:
+    ds = ds.filter(keep)
+  return int(ds.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
