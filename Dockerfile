@@ -1,7 +1,7 @@
 # The trainer image for Vertex AI custom jobs (containerSpec pools): TensorFlow and CUDA from the official
 # TensorFlow GPU image at the version the project pins and tests (requirements-dev.txt), the trainer from its sdist.
 #   python setup.py -q sdist --formats=gztar --dist-dir=dist && docker build -t IMAGE .
-#   python -m scripts.submit --config=cloud_configs/container_single_gpu.yaml --build_image ...   # through Cloud Build
+#   python -m scripts.submit --config=cloud_configs/single_gpu.yaml --build_image ...   # through Cloud Build
 # Nothing in it is specific to one job: the job's args come from the config's containerSpec.args.
 ARG TF_VERSION=2.21.0
 FROM tensorflow/tensorflow:${TF_VERSION}-gpu

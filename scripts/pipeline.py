@@ -19,7 +19,8 @@ Steps: `training-spec` (the config's pools and output directory with this run's 
 (google-cloud-pipeline-components' CustomTrainingJobOp: differing pools and Python packages, as the config has them)
 -> `read-metrics` (the eval_metrics.json the trainer wrote, logged as pipeline metrics) -> with --upload_model,
 `model-upload` (google-cloud-pipeline-components' ModelUploadOp: the SavedModel into Model Registry with the
-prebuilt TF prediction image matching the training TF, its predict schemata, and the pipeline run as a label).
+project's serving image for the training TF (Dockerfile.serving; --serving_image=prebuilt for Vertex's prebuilt
+one), its predict schemata, and the pipeline run as a label).
 submit and schedule take --dry_run to print the request instead of sending it; `local` runs the same steps with the
 same parameters (kfp's local runner, training through scripts.local_vertex).
 

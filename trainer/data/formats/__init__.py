@@ -2,9 +2,11 @@
 
 Each format is one module of this package with one `base.DataFormat` subclass registered by `@base.register`:
 tfrecord, csv, jsonl, parquet, image_folder. The package imports every module in it, so a new format (Avro,
-BigQuery) is one new file; everything here asks the registered classes.
+BigQuery) is one new file for everything here: detection, description, records in plain Python, counting and
+the schema check ask the registered classes. The TF input pipeline, pre-flight's per-value checks, schema
+inference's value reading and the Example writer still tell formats apart by name (issue 38, point 2).
 
-`--data_format=auto` (the default) resolves in this order: a listing every format does not claim as a whole
+`--data_format=auto` (the default) resolves in this order: a listing one format claims as a whole
 (image files in class folders), Vertex's `AIP_DATA_FORMAT` (a managed-dataset job), the file extension
 (`.tfrecord`, `.csv`, `.jsonl`, each optionally `.gz` / `.zz`; `.parquet`), then the first file's content (each
 format's `sniff` in its `sniff_order`: Parquet's `PAR1` magic, a TFRecord, JSON, else CSV). Compression is read
