@@ -106,11 +106,13 @@ def test_wrong_runs_are_named_and_a_finished_run_exports_again(churn_data, tmp_p
 
 
 def test_cnn_eagerly_still_distributed(shapes_data, tmp_path):
+  # Adam at 3e-3: at 1e-2 the flattening CNN (issue 37) collapsed to the majority class (0.46) in 1 of 8 seeds here,
+  # and once in CI at the default seed when the interleave's file order changed under load; 14 of 14 learn at 3e-3.
   out = tmp_path / "out"
   result = procs.run_trainer([
       f"--train_data={shapes_data}/train/*.tfrecord", f"--eval_data={shapes_data}/eval/*.tfrecord",
       f"--output_dir={out}", "--model=cnn", "--hidden_units=16", "--num_cpu_devices=2", "--run_eagerly",
-      "--train_steps=60", "--global_batch_size=32", "--learning_rate=0.01", "--log_every_steps=20"])
+      "--train_steps=60", "--global_batch_size=32", "--learning_rate=0.003", "--log_every_steps=20"])
   assert result.returncode == 0, result.stderr[-3000:]
   assert "Running eagerly (--run_eagerly)" in result.stderr
   metrics = final_metrics(out / "model")
