@@ -21,7 +21,7 @@ import numpy as np
 
 from serving import predict
 from trainer.data import feature_kinds
-from trainer.data import input_pipeline
+from trainer.data.formats import tfrecord
 from trainer.data import schema as schema_lib
 from trainer.modeling import export
 
@@ -33,7 +33,7 @@ def predict_eval(model_dir: str, eval_pattern: str, *, batch_size: int = 1024) -
     schema = schema_lib.parse_schema(json.load(f)["schema"], source=model_dir)
   serving = predict.SessionModel(model_dir)
   label = schema.label
-  spec = input_pipeline.tfrecord_parse_spec(schema)
+  spec = tfrecord.parse_spec(schema)
   files = sorted(tf.io.gfile.glob(eval_pattern))
   if not files:
     raise SystemExit(f"error: --eval_data: no files match {eval_pattern!r}")

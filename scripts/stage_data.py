@@ -36,7 +36,6 @@ from trainer.core.errors import UserError
 from trainer.data import formats
 from trainer.data import schema as schema_lib
 from trainer.planning import examples
-from trainer.planning import preflight
 
 
 class StageError(RuntimeError):
@@ -92,8 +91,7 @@ def _file_source(path: str, source: formats.Source, schema: schema_lib.Schema) -
   """How to read `path` as the trainer reads a file of a split: CSV columns and header settled for this file (a
   file without a header row is not read as if its first row were one), and the schema checked against the
   format (CSV holds no image bytes or lists; a Parquet column's type must hold its kind)."""
-  if source.format == "csv":
-    source = preflight.csv_columns(source, path, schema, flag="--source")
+  source = formats.settle(source, path, schema, flag="--source")
   formats.check_schema(schema, source, [path], flag="--source")
   return source
 
@@ -181,8 +179,7 @@ def stage(args, parser) -> dict:
 def _infer_schema(sources: list[str], source: formats.Source, label: str, task: str) -> schema_lib.Schema:
   from trainer.data import inference as schema_inference  # pylint: disable=g-import-not-at-top
 
-  if source.format == "csv":
-    source = preflight.csv_columns(source, sources[0], None, flag="--source")
+  source = formats.settle(source, sources[0], flag="--source")
   if source.format == "csv" and not source.header:
     raise StageError(f"--source: {sources[0]} has no header row, so --label cannot name a column; pass --schema "
                      "(its 'columns' name every field; without them its features and label are the fields in order)")

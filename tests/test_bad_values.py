@@ -150,7 +150,7 @@ def _digit_folders(root, rows) -> list[str]:
 
 
 def test_a_corrupt_image_in_the_eval_folders_is_named_before_training_or_keeps_the_checkpoints(tmp_path, capsys):
-  train = _digit_folders(str(tmp_path / "train"), range(0, 300))
+  _digit_folders(str(tmp_path / "train"), range(0, 300))
   held_out = _digit_folders(str(tmp_path / "eval"), range(300, 500))
   corrupt = held_out[1]  # not in an even sample of 50 of the 200 (every 4th file)
   with open(corrupt, "rb") as f:

@@ -11,7 +11,7 @@ from PIL import Image
 
 from trainer.data import feature_kinds
 from trainer.data import features as features_lib
-from trainer.data import input_pipeline
+from trainer.data.formats import tfrecord
 from trainer.data import predict_schemata
 from trainer.data import schema as schema_lib
 from trainer.modeling import models
@@ -51,7 +51,7 @@ def test_every_schema_type_has_one_kind():
 
 
 def test_the_one_example_writer_round_trips_through_the_parse_spec():
-  parsed = tf.io.parse_example([examples.serialize(RECORD, SCHEMA)], input_pipeline.tfrecord_parse_spec(SCHEMA))
+  parsed = tf.io.parse_example([examples.serialize(RECORD, SCHEMA)], tfrecord.parse_spec(SCHEMA))
   assert parsed["age"].numpy().tolist() == [31.5] and parsed["visits"].numpy().tolist() == [4]
   assert parsed["readings"].numpy().tolist() == [[1.0, 2.0, 3.0]]
   assert parsed["plan"].numpy().tolist() == [b"pro"] and parsed["churned"].numpy().tolist() == [b"yes"]
@@ -60,13 +60,13 @@ def test_the_one_example_writer_round_trips_through_the_parse_spec():
   assert parsed["photo"].numpy()[0] == RECORD["photo"]
   # A missing value is an absent feature; the schema's default fills it.
   without = tf.io.parse_example([examples.serialize({**RECORD, "visits": None}, SCHEMA)],
-                                input_pipeline.tfrecord_parse_spec(SCHEMA))
+                                tfrecord.parse_spec(SCHEMA))
   assert without["visits"].numpy().tolist() == [0]
 
 
 def test_what_serving_takes_encodes_to_what_the_model_takes():
   """For every kind: a batch shaped as the serving input, through the encoder, is exactly the model input."""
-  parsed = tf.io.parse_example([examples.serialize(RECORD, SCHEMA)] * 2, input_pipeline.tfrecord_parse_spec(SCHEMA))
+  parsed = tf.io.parse_example([examples.serialize(RECORD, SCHEMA)] * 2, tfrecord.parse_spec(SCHEMA))
   serving_specs = features_lib.raw_serving_specs(SCHEMA)
   request = {}
   for feature in SCHEMA.features:

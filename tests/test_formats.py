@@ -652,7 +652,8 @@ def test_multi_valued_numbers_in_tfrecord(tmp_path):
 def test_a_new_format_is_one_registered_class(tmp_path):
   """What the registry asks of a format, shown with one it has never seen (pipe-separated values): a class
   registered by `@base.register` is found by its extension and by its content (in its `sniff_order`, before CSV's
-  catch-all), described, read and counted; nothing else lists the formats."""
+  catch-all), described, read and counted in plain Python, and read by the trainer's input pipeline (its files'
+  records and one parse per batch, then the trainer's own checks and encoding); nothing else lists the formats."""
   from trainer.data.formats import base  # pylint: disable=g-import-not-at-top
 
   class PipeSeparated(base.DataFormat):
@@ -670,9 +671,19 @@ def test_a_new_format_is_one_registered_class(tmp_path):
     def count(self, files, source):
       return sum(1 for path in files for _ in self.records(path, source, flag="count"))
 
+    def tf_file_records(self, schema, source):
+      return lambda path: base.text_lines(path, source, skip=1)  # without the header
+
+    def tf_batch_parser(self, schema, source):
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+      defaults = [tf.constant([], tf.float32), tf.constant([], tf.string), tf.constant([], tf.float32)]
+      return lambda lines: base.split_label(
+          dict(zip(("tenure", "plan", "churned"), tf.io.decode_csv(lines, defaults, field_delim="|"))), schema)
+
   named, unnamed = tmp_path / "a.psv", tmp_path / "b.txt"
   for path in (named, unnamed):
-    path.write_text("tenure|plan\n3|basic\n14|pro\n")
+    path.write_text("tenure|plan|churned\n3|basic|0\n14|pro|1\n")
   assert formats.resolve([str(named)], requested="auto", vertex_format=None, flag="--train_data").format == "csv"
   base.register(PipeSeparated)
   try:
@@ -680,8 +691,16 @@ def test_a_new_format_is_one_registered_class(tmp_path):
       source = formats.resolve([str(path)], requested="auto", vertex_format=None, flag="--train_data")
       assert source == formats.Source("psv") and source.describe() == "pipe-separated values"
     assert list(formats.iter_records(str(unnamed), source, flag="--train_data")) == [
-        ("line 2", {"tenure": "3", "plan": "basic"}), ("line 3", {"tenure": "14", "plan": "pro"})]
+        ("line 2", {"tenure": "3", "plan": "basic", "churned": "0"}),
+        ("line 3", {"tenure": "14", "plan": "pro", "churned": "1"})]
     assert formats.count_records([str(named), str(unnamed)], source) == 4
+    schema = schema_lib.parse_schema({"features": [
+        {"name": "tenure", "type": "float"}, {"name": "plan", "type": "string", "vocabulary": ["basic", "pro"]}],
+        "label": {"name": "churned", "type": "float"}}, source="t")
+    features, labels = _read_all(str(unnamed), schema, source)
+    np.testing.assert_array_equal(features["tenure"], [3, 14])
+    np.testing.assert_array_equal(features["plan"], [1, 2])  # vocabulary ids, as for every format
+    np.testing.assert_array_equal(labels, [0, 1])
   finally:
     del base.FORMATS["psv"]
   assert formats.resolve([str(unnamed)], requested="auto", vertex_format=None, flag="--train_data").format == "csv"

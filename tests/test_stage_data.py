@@ -168,7 +168,7 @@ def _stage(tmp_path, path, destination, schema=None):
 def _trainer_source(path, schema):
   """The source pre-flight settles for a --train_data of `path`."""
   source = formats.resolve([path], requested="auto", vertex_format=None, flag="--train_data")
-  return preflight.csv_columns(source, path, schema, flag="--train_data") if source.format == "csv" else source
+  return formats.settle(source, path, schema, flag="--train_data")
 
 
 def _trainer_reads(files, schema, source):

@@ -47,7 +47,7 @@ def build(kind: str, pattern: str, schema_path: str, batch: int):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   from trainer.data import formats  # pylint: disable=g-import-not-at-top
-  from trainer.data import input_pipeline  # pylint: disable=g-import-not-at-top
+  from trainer.data.formats import tfrecord  # pylint: disable=g-import-not-at-top
   from trainer.data import schema as schema_lib  # pylint: disable=g-import-not-at-top
 
   schema = schema_lib.load_schema(schema_path)
@@ -73,7 +73,7 @@ def build(kind: str, pattern: str, schema_path: str, batch: int):
     ds = ds.batch(batch, drop_remainder=True).map(lambda lines: tf.io.decode_csv(lines, defaults),
                                                   num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
   elif fmt == "tfrecord_gz":
-    spec = input_pipeline.tfrecord_parse_spec(schema)
+    spec = tfrecord.parse_spec(schema)
     ds = interleave(lambda f: tf.data.TFRecordDataset(f, compression_type="GZIP", buffer_size=1 << 20))
     ds = ds.batch(batch, drop_remainder=True).map(lambda s: tf.io.parse_example(s, spec),
                                                   num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)

@@ -49,14 +49,14 @@ def build(kind: str, pattern: str, schema_path: str, batch: int):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   from trainer.data import formats  # pylint: disable=g-import-not-at-top
-  from trainer.data import input_pipeline  # pylint: disable=g-import-not-at-top
+  from trainer.data.formats import tfrecord  # pylint: disable=g-import-not-at-top
   from trainer.data import schema as schema_lib  # pylint: disable=g-import-not-at-top
 
   schema = schema_lib.load_schema(schema_path)
   files = sorted(tf.io.gfile.glob(pattern))
   if kind in ("a", "a0", "b"):
     return harness.trainer_pipeline(files, schema, batch, source=formats.TFRECORD)
-  spec = input_pipeline.tfrecord_parse_spec(schema)
+  spec = tfrecord.parse_spec(schema)
   if kind == "d":  # what public samples often do
     ds = tf.data.TFRecordDataset(files).repeat().map(lambda s: tf.io.parse_single_example(s, spec))
     return ds.shuffle(1000).batch(batch)

@@ -18,7 +18,6 @@ from absl import logging
 
 from trainer.core.errors import DataError
 from trainer.core.errors import first_line
-from trainer.core.errors import UserError
 from trainer.data import feature_kinds
 from trainer.data import features as features_lib
 from trainer.planning import preflight

@@ -87,9 +87,8 @@ def check_inputs(config: config_lib.Config) -> Inputs:
     _split_by_ml_use(splits, files, sources, evaluate=config.train.eval_steps != 0)
   schema = _read_schema(config)
   for split, (flag, _) in splits.items():
-    if sources[split].format == "csv":
-      sources[split] = csv_columns(sources[split], files[split][0], schema, columns=data_cfg.csv_columns,
-                                   multiline=data_cfg.csv_multiline, flag=flag)
+    sources[split] = formats.settle(sources[split], files[split][0], schema, csv_columns=data_cfg.csv_columns,
+                                    csv_multiline=data_cfg.csv_multiline, flag=flag)
     if sources[split].format == "parquet" and (schema is not None or split != "train"):
       # Footers only: a part written with other types is named before training (schema inference checks the
       # training files itself, before it samples them).
@@ -177,27 +176,6 @@ def _read_schema(config: config_lib.Config) -> schema_lib.Schema | None:
     raise UserError(f"--label={data_cfg.label!r} but the schema {data_cfg.schema_path} names the label "
                     f"{schema.label.name!r}; drop --label or fix the schema")
   return schema
-
-
-def csv_columns(source: formats.Source, path: str, schema: schema_lib.Schema | None, *,
-                columns: tuple[str, ...] | None = None, multiline: bool | None = None, flag: str) -> formats.Source:
-  """A CSV source's columns and header as the trainer settles them for `path`: `columns` (--csv_columns), else
-  the schema's `columns`, checked against the first row; else its header row; else, with a schema and as many
-  fields as it has columns, the schema's order. Public so that a tool converting CSV (staging it as TFRecord) reads
-  a file exactly as training does."""
-  columns = columns or (schema.csv_columns if schema is not None else None)
-  source = formats.csv_source(source, path, columns=columns, flag=flag, multiline=multiline)
-  if not source.header and columns is None and schema is not None:
-    if len(source.columns) != len(schema.columns):
-      raise UserError(f"{flag}: {path} has no header row and {len(source.columns)} fields per row, the schema "
-                      f"{len(schema.columns)} columns; name them with --csv_columns or the schema's 'columns'")
-    logging.info("%s: %s has no header row: its columns are read in the schema's order (%s)", flag, path,
-                 ", ".join(schema.columns))
-    source = dataclasses.replace(source, columns=schema.columns)
-  elif not source.header and columns is None:
-    logging.info("%s: %s has no header row: its columns are named %s..%s (--csv_columns names them)", flag, path,
-                 source.columns[0], source.columns[-1])
-  return source
 
 
 def _shortened(value: dict[str, Any], *, shown: int = 20) -> dict[str, Any]:

@@ -1,10 +1,11 @@
-"""Which format and compression the data files are in, and reading, counting and checking them in plain Python.
+"""Which format and compression the data files are in, and reading, counting and checking them.
 
 Each format is one module of this package with one `base.DataFormat` subclass registered by `@base.register`:
 tfrecord, csv, jsonl, parquet, image_folder. The package imports every module in it, so a new format (Avro,
-BigQuery) is one new file for everything here: detection, description, records in plain Python, counting and
-the schema check ask the registered classes. The TF input pipeline, pre-flight's per-value checks, schema
-inference's value reading and the Example writer still tell formats apart by name (issue 38, point 2).
+BigQuery) is one new file for everything here: detection, description, settling a split's source from its first
+file, records in plain Python, counting, the schema check, and the TF input pipeline's raw batches and their
+parse (`input_pipeline` asks the class). Pre-flight's per-value checks, schema inference's value reading and the
+Example writer still tell formats apart by name (issue 38, point 2).
 
 `--data_format=auto` (the default) resolves in this order: a listing one format claims as a whole
 (image files in class folders), Vertex's `AIP_DATA_FORMAT` (a managed-dataset job), the file extension
@@ -25,8 +26,9 @@ from trainer.data.formats.base import FIELD_COUNT  # pylint: disable=unused-impo
 from trainer.data.formats.base import FORMATS
 from trainer.data.formats.base import open_text  # pylint: disable=unused-import
 from trainer.data.formats.base import read_head  # pylint: disable=unused-import
+from trainer.data.formats.base import ReadPlan  # pylint: disable=unused-import
 from trainer.data.formats.base import Source
-from trainer.data.formats.csv import csv_source
+from trainer.data.formats.csv import csv_source  # pylint: disable=unused-import
 from trainer.data.formats.csv import is_number  # pylint: disable=unused-import
 from trainer.data.formats.image_folder import folder_class  # pylint: disable=unused-import
 from trainer.data.formats.image_folder import IMAGE_FOLDER  # pylint: disable=unused-import
@@ -66,7 +68,7 @@ def _extension_format(path: str) -> str | None:
 
 
 def resolve(files: list[str], *, requested: str, vertex_format: str | None, flag: str) -> Source:
-  """The format and compression of one split's files (CSV columns are settled later, by `csv_source`)."""
+  """The format and compression of one split's files (CSV columns are settled later, by `settle`)."""
   if requested == "auto" and not vertex_format:
     for data_format in FORMATS.values():
       if data_format.claims_listing(files):
@@ -98,13 +100,18 @@ def _sniff_format(path: str, compression: str, *, flag: str) -> str:
   raise UserError(f"{flag}: {path}: no format recognises it; expected one of {', '.join(FLAG_VALUES)}")
 
 
+def settle(source: Source, first_file: str, schema=None, *, csv_columns: tuple[str, ...] | None = None,
+           csv_multiline: bool | None = None, flag: str) -> Source:
+  """The split's source once its first file is read (`DataFormat.settled`: CSV's columns and header)."""
+  return FORMATS[source.format].settled(source, first_file, schema, csv_columns=csv_columns,
+                                        csv_multiline=csv_multiline, flag=flag)
+
+
 def source_for(files: list[str], *, requested: str = "auto", columns: tuple[str, ...] | None = None,
                flag: str) -> Source:
-  """`resolve`, then (CSV) `csv_source` on the first file: how tools outside a training run read a pattern."""
+  """`resolve`, then `settle` on the first file: how tools outside a training run read a pattern."""
   source = resolve(files, requested=requested, vertex_format=None, flag=flag)
-  if source.format == "csv":
-    source = csv_source(source, files[0], columns=columns, flag=flag)
-  return source
+  return settle(source, files[0], csv_columns=columns, flag=flag)
 
 
 def iter_records(path: str, source: Source, *, flag: str):

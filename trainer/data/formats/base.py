@@ -3,8 +3,9 @@ module subclasses and registers, and reading files in plain Python (compression,
 
 Compression is read from each file's first bytes (gzip's magic, zlib's header), not trusted from the name: Beam
 and Dataflow write `*.tfrecord.gz`, `gsutil -Z` and some exporters gzip files whose names do not say so.
-Everything here runs before the strategy is built, so it reads files through `tf.io.gfile` and Python's own
-gzip/zlib, and runs no TensorFlow op.
+The plain-Python side runs before the strategy is built, so it reads files through `tf.io.gfile` and Python's
+own gzip/zlib, and runs no TensorFlow op. The TensorFlow side (`DataFormat.tf_batches`, `tf_batch_parser`) is
+what `input_pipeline` builds each pipeline's dataset from, inside `dataset_fn`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import dataclasses
 import gzip
 import io
 import zlib
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from trainer.core.errors import first_line
 from trainer.core.errors import UserError
@@ -26,6 +27,8 @@ HEAD_BYTES = 64 * 1024
 # preflight.record_problem).
 BLANK_LINE = "\0blank line"
 FIELD_COUNT = "\0field count"
+MAX_PARALLEL_FILES = 16  # files one input pipeline reads at once
+READ_BUFFER_BYTES = 1 << 20  # large reads: few requests per gs:// object
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,9 +53,34 @@ class Source:
     return text + data_format.details(self)
 
 
+@dataclasses.dataclass(frozen=True)
+class ReadPlan:
+  """What one input pipeline reads and how (from the strategy's `InputContext`, in `input_pipeline`)."""
+
+  batch_size: int  # records per batch: the per-replica batch size
+  num_pipelines: int = 1
+  pipeline_id: int = 0
+  shard_files: bool = False  # each pipeline reads its own files (at least as many files as pipelines)
+  training: bool = False  # full batches only; the order may follow the fastest file
+  repeat: bool = False
+  shuffle: bool = False  # shuffle what can be shuffled before parsing (the file order)
+  seed: int | None = None
+  deterministic: bool = False  # the same order every run
+
+  @property
+  def shard_records(self) -> bool:
+    """Fewer files than pipelines: every pipeline reads every file and keeps every n-th record."""
+    return self.num_pipelines > 1 and not self.shard_files
+
+  @property
+  def flag(self) -> str:
+    return "--train_data" if self.training else "--eval_data"
+
+
 class DataFormat:
-  """One data format, everything the trainer asks of it before TensorFlow reads it: how to recognise its files
-  (extensions, Vertex's AIP_DATA_FORMAT names, their content), how to describe, read, count and check them.
+  """One data format, everything the trainer asks of it: how to recognise its files (extensions, Vertex's
+  AIP_DATA_FORMAT names, their content), how to describe, read, count and check them in plain Python, and how
+  TensorFlow reads them in the input pipeline (raw batches, then one parse per batch).
 
   A format is one module in `trainer/data/formats/` with one subclass decorated `@register`; the package imports
   every module in it, so nothing else lists the formats."""
@@ -90,6 +118,47 @@ class DataFormat:
   def check_schema(self, schema, source: Source, files: list[str], *, flag: str) -> None:
     """Refuses a schema the files cannot hold (a UserError naming `flag`)."""
     del schema, source, files, flag
+
+  def settled(self, source: Source, first_file: str, schema, *, csv_columns: tuple[str, ...] | None = None,
+              csv_multiline: bool | None = None, flag: str) -> Source:
+    """The split's source once its first file is read (CSV: its columns and header). `schema` is None before
+    one is inferred; `csv_*` are the reading flags of that name (formats other than CSV have none)."""
+    del first_file, schema, csv_columns, csv_multiline, flag
+    return source
+
+  # ----- the TensorFlow side (called inside `dataset_fn`; TensorFlow is imported there) ----------------------
+
+  def tf_batches(self, files: list[str], schema, source: Source, plan: ReadPlan):
+    """A `tf.data.Dataset` of raw batches (what `tf_batch_parser` takes) for one input pipeline. By default the
+    records of each file (`tf_file_records`), files interleaved, sharded by file or by record, batched."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    file_ds = tf.data.Dataset.from_tensor_slices(files)
+    if plan.shard_files:
+      file_ds = file_ds.shard(plan.num_pipelines, plan.pipeline_id)
+    num_files = len(files[plan.pipeline_id::plan.num_pipelines]) if plan.shard_files else len(files)
+    if plan.shuffle:
+      file_ds = file_ds.shuffle(num_files, seed=plan.seed, reshuffle_each_iteration=True)
+    if plan.repeat:
+      file_ds = file_ds.repeat()
+    ds = file_ds.interleave(
+        self.tf_file_records(schema, source),
+        cycle_length=min(num_files, MAX_PARALLEL_FILES),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        # Record sharding needs the same order on every pipeline; otherwise let the fastest file win.
+        deterministic=plan.deterministic or plan.shard_records or not plan.training)
+    if plan.shard_records:
+      ds = ds.shard(plan.num_pipelines, plan.pipeline_id)
+    return ds.batch(plan.batch_size, drop_remainder=plan.training, num_parallel_calls=tf.data.AUTOTUNE,
+                    deterministic=plan.deterministic or not plan.training)
+
+  def tf_file_records(self, schema, source: Source) -> Callable:
+    """path -> a `tf.data.Dataset` of that file's records (the default `tf_batches` interleaves these)."""
+    raise NotImplementedError
+
+  def tf_batch_parser(self, schema, source: Source) -> Callable:
+    """A batch from `tf_batches` -> ({column: raw tensor}, raw label): parsed, not yet checked nor encoded."""
+    raise NotImplementedError
 
 
 # name -> the format, in registration order (the package imports its modules alphabetically).
@@ -222,6 +291,21 @@ def open_binary(path: str, compression: str, *, flag: str):
 
 def open_text(path: str, compression: str, *, flag: str):
   return io.TextIOWrapper(open_binary(path, compression, flag=flag), encoding="utf-8", newline="")
+
+
+def split_label(columns: dict, schema) -> tuple[dict, Any]:
+  """({feature column: tensor}, the label's tensor) from every parsed column."""
+  columns = dict(columns)
+  target = columns.pop(schema.label.name)
+  return columns, target
+
+
+def text_lines(path, source: Source, *, skip: int = 0, keep=None):
+  """A file's lines as a `tf.data.Dataset` (CSV without its header, JSONL), `keep` a per-line filter."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  lines = tf.data.TextLineDataset(path, compression_type=source.compression, buffer_size=READ_BUFFER_BYTES)
+  return lines.filter(keep) if keep is not None else lines.skip(skip)
 
 
 def count_text_lines(files: list[str], source: Source, *, skip: int = 0, keep=None) -> int:

@@ -11,7 +11,11 @@ import io
 import zlib
 from typing import Any, Iterator
 
+from absl import logging
+
 from trainer.core.errors import UserError
+from trainer.data import features as features_lib
+from trainer.data import schema as schema_lib
 from trainer.data.formats import base
 
 
@@ -59,6 +63,84 @@ class CsvFormat(base.DataFormat):
     if missing:
       raise UserError(f"{flag}: the CSV columns ({', '.join(source.columns)}) lack {', '.join(missing)} named in "
                       "the schema")
+
+  def settled(self, source: base.Source, first_file: str, schema, *, csv_columns=None, csv_multiline=None,
+              flag: str) -> base.Source:
+    """The columns and header as the trainer settles them from the first file: `csv_columns` (--csv_columns),
+    else the schema's `columns`, checked against the first row; else its header row; else, with a schema and as
+    many fields as it has columns, the schema's order."""
+    path = first_file
+    columns = csv_columns or (schema.csv_columns if schema is not None else None)
+    source = csv_source(source, path, columns=columns, flag=flag, multiline=csv_multiline)
+    if not source.header and columns is None and schema is not None:
+      if len(source.columns) != len(schema.columns):
+        raise UserError(f"{flag}: {path} has no header row and {len(source.columns)} fields per row, the schema "
+                        f"{len(schema.columns)} columns; name them with --csv_columns or the schema's 'columns'")
+      logging.info("%s: %s has no header row: its columns are read in the schema's order (%s)", flag, path,
+                   ", ".join(schema.columns))
+      source = dataclasses.replace(source, columns=schema.columns)
+    elif not source.header and columns is None:
+      logging.info("%s: %s has no header row: its columns are named %s..%s (--csv_columns names them)", flag, path,
+                   source.columns[0], source.columns[-1])
+    return source
+
+  def tf_file_records(self, schema, source: base.Source):
+    """Text lines without the header, decoded a batch at a time by `tf.io.decode_csv` rather than read by
+    `CsvDataset`: 1.4x the throughput here (scripts/bench/formats.py). Only CsvDataset follows a quoted field
+    across lines: files whose fields break lines (`source.multiline`) are read by it, as tuples of the schema's
+    columns. No per-line filter (blank lines): a blank line is a bad record, named by pre-flight."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    if source.multiline:
+      _, indices, defaults = _tf_layout(schema, source)
+      scalar_defaults = [d if d.shape[0] == 0 else tf.reshape(d, []) for d in defaults]  # CsvDataset's form
+      return lambda path: tf.data.experimental.CsvDataset(
+          path, scalar_defaults, compression_type=source.compression, buffer_size=base.READ_BUFFER_BYTES,
+          header=source.header, select_cols=indices)
+    return lambda path: base.text_lines(path, source, skip=1 if source.header else 0)
+
+  def tf_batch_parser(self, schema, source: base.Source):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    names, indices, defaults = _tf_layout(schema, source)
+    if source.multiline:  # CsvDataset's batched columns, in `names` order
+      return lambda *fields: base.split_label(dict(zip(names, fields)), schema)
+    num_fields = len(source.columns)
+
+    def parse_csv(lines):
+      # decode_csv with select_cols refuses a short row but not a long one, whose stray comma would shift values
+      # silently: count the commas outside quoted fields (two vectorized regex passes over the batch).
+      unquoted = tf.strings.regex_replace(lines, r'"(?:[^"]|"")*"', "")
+      fields = tf.strings.length(unquoted) - tf.strings.length(tf.strings.regex_replace(unquoted, ",", "")) + 1
+      check = tf.debugging.Assert(tf.reduce_all(fields == num_fields), [
+          f"{features_lib.CHECK_PREFIX} {features_lib.CSV_LONG_ROW} ({num_fields})"])
+      with tf.control_dependencies([check]):
+        lines = tf.identity(lines)
+      return base.split_label(dict(zip(names, tf.io.decode_csv(lines, defaults, select_cols=indices))), schema)
+
+    return parse_csv
+
+
+def _tf_layout(schema: schema_lib.Schema, source: base.Source):
+  """(column names, their indices in the file, record defaults), ordered by index as decode_csv yields them.
+
+  Numbers are parsed as float32 whatever their schema type (an int label written "1.0" by pandas still reads);
+  the encoder casts them. An empty default makes the field required: an empty field fails, and pre-flight
+  names it."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  if source.columns is None:
+    raise ValueError("a CSV source needs its columns (CsvFormat.settled)")
+  by_name = {f.name: f for f in schema.features}
+  ordered = sorted((source.columns.index(name), name) for name in schema.columns)
+  defaults = []
+  for _, name in ordered:
+    feature = by_name.get(name)
+    text = (schema_lib.PARSE_DTYPES[feature.type] == "string") if feature else schema.label.type == "string"
+    dtype = tf.string if text else tf.float32
+    default = feature.default if feature else None
+    defaults.append(tf.constant([], dtype) if default is None else tf.constant([default], dtype))
+  return [name for _, name in ordered], [i for i, _ in ordered], defaults
 
 
 def csv_source(source: base.Source, path: str, *, columns: tuple[str, ...] | None, flag: str,

@@ -23,6 +23,26 @@ class ImageFolderFormat(base.DataFormat):
   def count(self, files: list[str], source: base.Source) -> int:
     return len(files)
 
+  def tf_batches(self, files: list[str], schema, source: base.Source, plan: base.ReadPlan):
+    """Batches of {"image": path, "label": folder name}: each file is one record, so the file list itself is
+    sharded and shuffled (all of it: a list of paths), and the images are read by the schema's `uri` image
+    feature when encoded."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    labels = [folder_class(path) for path in files]
+    ds = tf.data.Dataset.from_tensor_slices({IMAGE_FOLDER_IMAGE: files, IMAGE_FOLDER_LABEL: labels})
+    if plan.num_pipelines > 1:
+      ds = ds.shard(plan.num_pipelines, plan.pipeline_id)
+    if plan.shuffle:
+      ds = ds.shuffle(len(files), seed=plan.seed, reshuffle_each_iteration=True)
+    if plan.repeat:
+      ds = ds.repeat()
+    return ds.batch(plan.batch_size, drop_remainder=plan.training, num_parallel_calls=tf.data.AUTOTUNE,
+                    deterministic=plan.deterministic or not plan.training)
+
+  def tf_batch_parser(self, schema, source: base.Source):
+    return lambda columns: base.split_label(columns, schema)
+
 
 IMAGE_FOLDER = base.Source(ImageFolderFormat.name)
 IMAGE_FOLDER_IMAGE, IMAGE_FOLDER_LABEL = "image", "label"

@@ -1,5 +1,5 @@
 """TFRecord files of `tf.train.Example`s (plain, gzip or zlib), read in plain Python by TensorFlow's record
-iterator (a reader, not an op)."""
+iterator (a reader, not an op), and in the input pipeline by `TFRecordDataset` and one `parse_example` per batch."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from typing import Any, Iterator
 
 from trainer.core.errors import first_line
 from trainer.core.errors import UserError
+from trainer.data import feature_kinds
+from trainer.data import schema as schema_lib
 from trainer.data.formats import base
 
 
@@ -30,6 +32,32 @@ class TFRecordFormat(base.DataFormat):
 
     ds = tf.data.TFRecordDataset(files, compression_type=source.compression, num_parallel_reads=tf.data.AUTOTUNE)
     return int(ds.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+
+  def tf_file_records(self, schema, source: base.Source):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    return lambda path: tf.data.TFRecordDataset(path, compression_type=source.compression,
+                                                buffer_size=base.READ_BUFFER_BYTES)
+
+  def tf_batch_parser(self, schema, source: base.Source):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    spec = parse_spec(schema)
+    return lambda serialized: base.split_label(tf.io.parse_example(serialized, spec), schema)
+
+
+def parse_spec(schema: schema_lib.Schema) -> dict[str, Any]:
+  """`tf.io.parse_example`'s spec for the schema's features (with their defaults) and label."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  spec = {}
+  for f in schema.features:
+    kind = feature_kinds.of(f)
+    shape = list(kind.parse_shape(f))
+    default = None if f.default is None else ([f.default] * shape[0] if shape else f.default)
+    spec[f.name] = tf.io.FixedLenFeature(shape, tf.as_dtype(kind.parse_dtype(f)), default_value=default)
+  spec[schema.label.name] = tf.io.FixedLenFeature([], tf.as_dtype(schema_lib.PARSE_DTYPES[schema.label.type]))
+  return spec
 
 
 TFRECORD = base.Source(TFRecordFormat.name)
