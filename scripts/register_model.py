@@ -50,7 +50,6 @@ SCHEMA_FILES = (predict_schemata.INSTANCE_FILE, predict_schemata.PREDICTION_FILE
 DISPLAY_NAME_LIMIT = 128  # Vertex's limit for a Model's displayName
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
-_ENDPOINT = re.compile(r"^projects/[^/]+/locations/([^/]+)/endpoints/[^/]+$")
 # Directory names that say nothing about the model: the trainer's `<output_dir>/model`, TF Serving's version dirs.
 _GENERIC_DIR = re.compile(r"^(model|saved_model|export|\d+)$")
 
@@ -351,19 +350,6 @@ def check_accelerator(args: argparse.Namespace) -> list[str]:
   return [warning] if warning else []
 
 
-def endpoint_name(value: str, *, project: str, region: str) -> str:
-  """--endpoint as a resource name: given whole, or as the endpoint's number in this project and region."""
-  name = f"projects/{project}/locations/{region}/endpoints/{value}" if value.isdigit() else value
-  match = _ENDPOINT.match(name)
-  if not match:
-    raise RegisterError(f"--endpoint={value!r}: expected projects/P/locations/L/endpoints/N, or the endpoint's "
-                        "number N")
-  if match.group(1) != region:
-    raise RegisterError(f"--endpoint={value}: the endpoint is in {match.group(1)}, and the model is registered in "
-                        f"{region}; a model deploys to an endpoint in its own region: pass --region={match.group(1)}")
-  return name
-
-
 def _parser() -> argparse.ArgumentParser:
   parser = _OneLineParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--model_dir", required=True, help="the SavedModel directory: local, or gs://BUCKET/PATH")
@@ -447,7 +433,7 @@ def _register(args: argparse.Namespace) -> int:
       args.accelerator_type = args.accelerator_type.upper()
     warnings += check_accelerator(args)
     if args.endpoint:
-      endpoint = endpoint_name(args.endpoint, project=project, region=region)
+      endpoint = registry.endpoint_name(args.endpoint, project=project, region=region)
   if args.build_serving_image and args.serving_image:
     raise RegisterError(f"--build_serving_image builds the project's serving image; --serving_image="
                         f"{args.serving_image} names another: drop one")

@@ -30,6 +30,29 @@ class RegistryError(ValueError):
   """A one-line reason no model can be uploaded."""
 
 
+_ENDPOINT = re.compile(r"^projects/([^/]+)/locations/([^/]+)/endpoints/[^/]+$")
+
+
+def endpoint_name(value: str, *, project: str, region: str) -> str:
+  """--endpoint as a resource name: given whole, or as the endpoint's number in this project and region. An
+  endpoint of another region, or of another project named by its id, is refused (a project named by number may
+  be this one: Vertex judges that)."""
+  name = f"projects/{project}/locations/{region}/endpoints/{value}" if value.isdigit() else value
+  match = _ENDPOINT.match(name)
+  if not match:
+    raise RegistryError(f"--endpoint={value!r}: expected projects/P/locations/L/endpoints/N, or the endpoint's "
+                        "number N")
+  endpoint_project, endpoint_region = match.groups()
+  if endpoint_region != region:
+    raise RegistryError(f"--endpoint={value}: the endpoint is in {endpoint_region}, and the model is registered in "
+                        f"{region}; a model deploys to an endpoint in its own region: pass --region={endpoint_region}")
+  if endpoint_project != project and not endpoint_project.isdigit() and not project.isdigit():
+    raise RegistryError(f"--endpoint={value}: the endpoint is in project {endpoint_project}, and the model is "
+                        f"registered in {project}; deploy to an endpoint of {project}, or pass "
+                        f"--project={endpoint_project}")
+  return name
+
+
 # Vertex's supported-frameworks page (read 2026-12): the prebuilt TF prediction images it still lists and their end
 # of availability. None is newer than 2.15; the SDK still names older ones the page no longer lists.
 PREDICTION_END_OF_AVAILABILITY = {minor: image.end_of_availability for minor, image in vertex_images.PREDICTION.items()}

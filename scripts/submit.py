@@ -36,8 +36,10 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 
@@ -51,6 +53,7 @@ from scripts import registry
 from scripts import vertex_config
 from trainer.core import paths
 
+RENDERED_DIR = "vertex_jobs"  # a dry run's filled config (and image build context), under the current directory
 TERMINAL_STATES = {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED"}
 
 
@@ -318,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="print the requests and the gcloud command, write the config it names; send nothing")
   parser.add_argument("--rendered_config", default=None, metavar="PATH",
                       help="--dry_run: where to write the filled config the gcloud command names (default: "
-                           "DISPLAY_NAME.yaml in the current directory)")
+                           "vertex_jobs/DISPLAY_NAME.yaml under the current directory; the image build context beside it)")
   parser.add_argument("--no_follow", action="store_true")
   parser.add_argument("--api_endpoint", default=os.environ.get("VERTEX_API_ENDPOINT"), help=argparse.SUPPRESS)
   parser.add_argument("--poll_secs", type=float, default=30.0)
@@ -416,6 +419,17 @@ def _submit(args) -> int:
                         "image is for containerSpec configs (every config in cloud_configs/)")
     if args.trainer_image and containers and not args.build_image:
       _check_image_name(args.trainer_image)
+    arm = vertex_config.arm_pools(pending.job_spec)
+    if arm and containers and not args.trainer_image:
+      index, machine = arm[0]
+      raise SubmitError(f"{args.config}: workerPoolSpecs[{index}] runs on {machine}, an Arm (aarch64) host; the "
+                        f"trainer image (Dockerfile, FROM tensorflow/tensorflow:{vertex_config.TRAINER_IMAGE_TF}"
+                        ".x-gpu) is built for x86-64 and would not start there: pass --trainer_image=an arm64 image "
+                        "with TensorFlow, CUDA and this trainer installed, or use an x86-64 machine (a4-highgpu-8g "
+                        "for B200)")
+    if arm and containers:
+      print(f"warning: workerPoolSpecs[{arm[0][0]}] runs on {arm[0][1]}, an Arm host: --trainer_image="
+            f"{args.trainer_image} must be built for linux/arm64", file=sys.stderr)
     parent = f"projects/{args.project}/locations/{args.region}"
     upload_request = None
     if args.upload_model:  # made (and checked) now; sent with the job's name once it has succeeded
@@ -478,9 +492,10 @@ def _submit(args) -> int:
     for warning in config.warnings:
       print(f"warning: {warning}", file=sys.stderr)
     if args.dry_run:
-      rendered = args.rendered_config or os.path.join(os.getcwd(), f"{display_name}.yaml")
+      rendered = args.rendered_config or os.path.join(os.getcwd(), RENDERED_DIR, f"{display_name}.yaml")
       import yaml  # pylint: disable=g-import-not-at-top
       try:
+        os.makedirs(os.path.dirname(os.path.abspath(rendered)), exist_ok=True)
         with open(rendered, "w") as f:
           yaml.safe_dump(body, f, sort_keys=False)
       except OSError as e:
@@ -505,11 +520,20 @@ def _submit(args) -> int:
       for warning in serving_warnings if upload_request else ():
         print(f"warning: {warning}", file=sys.stderr)
       print(json.dumps(printed, indent=2))
-      first = (f"push the trainer image {image.target} ({'the build above' if build_request else 'as given'})"
-               if image else f"upload the sdist to {uri}")
-      # As written when given; the default (in the current directory) by its plain name.
+      # As written when given; the default (under the current directory) relative to it.
       shown = rendered if args.rendered_config else os.path.relpath(rendered)
-      print(f"# config written to {shown}; {first}, then:")
+      if build_request:  # what Cloud Build would build, unpacked beside the config: `gcloud builds submit` takes it
+        context_dir = os.path.splitext(shown)[0] + "-trainer-image"
+        shutil.rmtree(context_dir, ignore_errors=True)
+        with tarfile.open(context) as tar:  # made by cloud_build.build_context a moment ago
+          tar.extractall(context_dir, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+        print(f"# config written to {shown}, the trainer image's build context to {context_dir}/; by hand, build "
+              "the image (unless Artifact Registry has this tag already), then submit the job:")
+        print(f"gcloud builds submit {context_dir} --project={args.project} --region={args.region} "
+              f"--tag={image.target}")
+      else:
+        first = f"push the trainer image {image.target} (as given)" if image else f"upload the sdist to {uri}"
+        print(f"# config written to {shown}; {first}, then:")
       print(gcloud_command(config.kind, project=args.project, region=args.region, display_name=display_name,
                            config_file=shown))
       return 0
@@ -588,8 +612,8 @@ def _build(request: dict, flag: str, api_endpoint: str | None) -> str:
 
 def _deploy_requests(args, display_name: str):
   """DeployModelRequest bodies for --deploy (checked now: the endpoint's name, replicas, traffic on a new one)."""
-  if args.endpoint and not re.fullmatch(r"projects/[^/]+/locations/[^/]+/endpoints/[^/]+", args.endpoint):
-    raise SubmitError(f"--endpoint={args.endpoint!r}: expected projects/P/locations/L/endpoints/N")
+  if args.endpoint:
+    args.endpoint = registry.endpoint_name(args.endpoint, project=args.project, region=args.region)
 
   def request_for(endpoint: str, current: dict, model: str = "(the registered model)") -> dict:
     return registry.deploy_request(

@@ -77,6 +77,22 @@ _TPUS = {  # machine type prefix -> (accelerator, counts); TPU v6e's accelerator
     "ct5lp-hightpu-": ("TPU_V5_LITEPOD", (1, 4, 8)),
     "ct6e-standard-": ("TPU_V6E", (1, 4, 8)),
 }
+# Families whose hosts are Arm (aarch64): NVIDIA Grace (A4X), Google Axion (C4A), Ampere Altra (T2A). An x86-64
+# image does not start on them ("exec format error"), after the job has waited for its machines.
+ARM_FAMILIES = ("a4x-", "c4a-", "t2a-")
+
+
+def arm_pools(job_spec: dict) -> list[tuple[int, str]]:
+  """(pool index, machine type) of every trainer pool on an Arm host (Reduction Server pools run Google's image)."""
+  found = []
+  for index, pool in enumerate(job_spec.get("workerPoolSpecs") or []):
+    machine = ((pool or {}).get("machineSpec") or {}).get("machineType", "")
+    image = ((pool or {}).get("containerSpec") or {}).get("imageUri", "")
+    if machine.startswith(ARM_FAMILIES) and not REDUCTION_SERVER_IMAGE.match(image):
+      found.append((index, machine))
+  return found
+
+
 # Families that carry no accelerator of their own: a GPU asked for on one of them is surely wrong.
 _CPU_ONLY_FAMILIES = ("e2-", "n2-", "n2d-", "c2-", "c2d-", "c3-", "c3d-", "c4-", "m1-", "m2-", "m3-", "t2d-")
 

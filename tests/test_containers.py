@@ -403,7 +403,13 @@ def test_a_registered_model_is_deployed_to_an_endpoint(gcs, capsys):
     (["--upload_model", "--deploy", "--min_replicas=3", "--max_replicas=2"],
      r"^error: --min_replicas=3 --max_replicas=2: expected 1 <= min <= max$"),
     (["--upload_model", "--deploy", "--endpoint=my-endpoint"],
-     r"^error: --endpoint='my-endpoint': expected projects/P/locations/L/endpoints/N$"),
+     r"^error: --endpoint='my-endpoint': expected projects/P/locations/L/endpoints/N, or the endpoint's number N$"),
+    (["--upload_model", "--deploy", "--endpoint=projects/other/locations/us-central1/endpoints/7"],
+     r"^error: --endpoint=projects/other/locations/us-central1/endpoints/7: the endpoint is in project other, and "
+     r"the model is registered in proj; deploy to an endpoint of proj, or pass --project=other$"),
+    (["--upload_model", "--deploy", "--endpoint=projects/proj/locations/europe-west4/endpoints/7"],
+     r"^error: --endpoint=projects/proj/locations/europe-west4/endpoints/7: the endpoint is in europe-west4, and "
+     r"the model is registered in us-central1; .* pass --region=europe-west4$"),
     (["--upload_model", "--build_serving_image", "--serving_image=prebuilt"],
      r"^error: --build_serving_image builds the project's serving image; --serving_image=prebuilt names another"),
 ])

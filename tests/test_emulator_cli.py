@@ -99,16 +99,52 @@ env > stopped.env
   assert set(exported) == EMULATOR_VARIABLES and len(exported) == len(EMULATOR_VARIABLES)
   assert {"all_proxy", "https_proxy", "STORAGE_EMULATOR_HOST", "CURL_CA_BUNDLE",
           "GOOGLE_AUTH_TOKEN_FOR_TESTING"} <= set(exported)
-  assert _names((tmp_path / "stop.out").read_text(), "unset") == exported
+  # `stop` puts the shell back: the loopback guards this shell had before `start` are exported again, the rest
+  # unset; `env-unset` unsets everything.
+  had = set(procs.SAFE_ENV) & EMULATOR_VARIABLES
+  assert had == {"GCE_METADATA_HOST", "GCE_METADATA_IP", "NO_GCE_CHECK"}
+  stop_lines = (tmp_path / "stop.out").read_text().splitlines()
+  assert [line.split()[1].split("=")[0] for line in stop_lines] == exported
+  assert set(_names("\n".join(l for l in stop_lines if l.startswith("unset")), "unset")) == set(exported) - had
+  assert set(_names("\n".join(l for l in stop_lines if l.startswith("export")), "export")) == had
   assert _names((tmp_path / "env-unset.out").read_text(), "unset") == exported
   assert _variables((tmp_path / "started.env").read_text()) == EMULATOR_VARIABLES
   assert _variables((tmp_path / "unset.env").read_text()) == set()
-  assert _variables((tmp_path / "stopped.env").read_text()) == set()
+  assert _variables((tmp_path / "stopped.env").read_text()) == had
   # The emulator was still there for `env` after env-unset, and is gone after stop (its state file too).
   assert _names((tmp_path / "env.out").read_text(), "export") == exported
   ran = process.Emulator(**json.loads((tmp_path / "state.json").read_text()))
   assert process.unanswered(ran.env["STORAGE_EMULATOR_HOST"]) is not None
   assert not (state / "state.json").exists()
+
+
+def test_stop_puts_back_what_the_shell_had_before_start(tmp_path):
+  """A user behind a corporate proxy, with their own CA bundle and metadata guard: `stop` exports their values
+  again (the emulator's are gone) and unsets only what they did not have."""
+  own = {"https_proxy": "http://proxy.corp.example:3128", "NO_PROXY": ".corp.example",
+         "CURL_CA_BUNDLE": "/etc/ssl/corp bundle.pem"}  # a space: the value is quoted for the shell
+  py = shlex.quote(sys.executable)
+  script = f"""
+set -euo pipefail
+eval "$({py} -m scripts.gcs_emulator start --bucket b1)"
+env > started.env
+stopped=$({py} -m scripts.gcs_emulator stop)
+printf '%s\\n' "$stopped" > stop.out
+eval "$stopped"
+env > stopped.env
+"""
+  result = subprocess.run(["bash", "-c", script], env=_env(tmp_path / "state", **own), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  started = dict(line.split("=", 1) for line in (tmp_path / "started.env").read_text().splitlines() if "=" in line)
+  assert started["https_proxy"].startswith("http://127.0.0.1:") and started["CURL_CA_BUNDLE"] != own["CURL_CA_BUNDLE"]
+  stopped = dict(line.split("=", 1) for line in (tmp_path / "stopped.env").read_text().splitlines() if "=" in line)
+  assert {name: stopped.get(name) for name in own} == own
+  had = set(own) | (set(procs.SAFE_ENV) & EMULATOR_VARIABLES)  # and the loopback guards every test shell has
+  assert _variables((tmp_path / "stopped.env").read_text()) == had
+  lines = (tmp_path / "stop.out").read_text().splitlines()
+  assert set(_names("\n".join(l for l in lines if l.startswith("export")), "export")) == had
+  assert set(_names("\n".join(l for l in lines if l.startswith("unset")), "unset")) == EMULATOR_VARIABLES - had
 
 
 def test_stop_with_nothing_running_still_unsets_a_stale_shell(tmp_path):

@@ -704,3 +704,19 @@ def test_a_new_format_is_one_registered_class(tmp_path):
   finally:
     del base.FORMATS["psv"]
   assert formats.resolve([str(unnamed)], requested="auto", vertex_format=None, flag="--train_data").format == "csv"
+
+
+def test_pandas_index_column_is_named_with_its_remedy(tmp_path):
+  """`DataFrame.to_csv(path)` writes the row index as a first column with an empty name (the default most
+  tutorials keep): one line that says so and how to write the file instead, not a list of 14 column names."""
+  frame = sk_datasets.load_wine(as_frame=True).frame
+  path = tmp_path / "wine.csv"
+  frame.to_csv(path)  # index=True, pandas' default
+  with pytest.raises(UserError) as raised:
+    formats.source_for([str(path)], flag="--train_data")
+  assert str(raised.value) == (
+      f"--train_data: the header of {path} leaves its first column unnamed (, alcohol, malic_acid, ash, ...): that "
+      "is the row index pandas' to_csv writes by default; write the file with to_csv(path, index=False), or name "
+      "that column in the header")
+  frame.to_csv(path, index=False)
+  assert formats.source_for([str(path)], flag="--train_data").columns == tuple(frame.columns)

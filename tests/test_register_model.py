@@ -267,6 +267,10 @@ def not_models(tmp_path_factory) -> dict[str, str]:
     (["--model_dir={export}", "--bucket=test-bucket", "--deploy", "--endpoint=projects/p/locations/asia-east1/"
       "endpoints/5"], r"^error: --endpoint=projects/p/locations/asia-east1/endpoints/5: the endpoint is in "
                       r"asia-east1, and the model is registered in us-central1; .* pass --region=asia-east1$"),
+    (["--model_dir={export}", "--bucket=test-bucket", "--deploy", "--endpoint=projects/my-project/locations/"
+      "us-central1/endpoints/5"], r"^error: --endpoint=projects/my-project/locations/us-central1/endpoints/5: the "
+                                  r"endpoint is in project my-project, and the model is registered in p; .* pass "
+                                  r"--project=my-project$"),
     (["--model_dir={export}", "--bucket=test-bucket", "--deploy", "--min_replicas=two"],
      r"^error: argument --min_replicas: invalid int value: 'two'$"),
     (["--model_dir={export}", "--bucket=test-bucket", "--label=Team=x"],

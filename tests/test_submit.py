@@ -140,6 +140,33 @@ def test_an_unknown_machine_family_is_a_warning_for_vertex_to_judge(tmp_path):
                      "NVIDIA_GB200 on it")
 
 
+def test_an_arm_host_is_refused_the_x86_trainer_image_before_anything_is_built(tmp_path, gcs, capsys):
+  """GB200 (A4X) hosts are NVIDIA Grace, Arm: the Dockerfile's x86-64 image would fail there with "exec format
+  error" after the job waited for its machines. The config validates; submitting it with the default image is
+  refused in one line; an image of the user's own (arm64) is taken, with a warning."""
+  path = tmp_path / "gb200.yaml"
+  path.write_text(GOOD.replace("{machineType: n1-standard-4}",
+                               "{machineType: a4x-highgpu-4g, acceleratorType: NVIDIA_GB200, acceleratorCount: 4}"))
+  assert vertex_config.load(str(path), VALUES).warnings == ()
+  before = _list("")
+  with fake_vertex.running() as fake:
+    assert submit.main([f"--config={path}", "--project=p", "--bucket=test-bucket",
+                        f"--api_endpoint={fake.endpoint}"]) == 2
+    assert not fake.requests
+  err = capsys.readouterr().err
+  assert err.startswith(f"error: {path}: workerPoolSpecs[0] runs on a4x-highgpu-4g, an Arm (aarch64) host; the "
+                        "trainer image (Dockerfile, FROM tensorflow/tensorflow:2.21.x-gpu) is built for x86-64")
+  assert "--trainer_image=" in err and err.count("\n") == 1
+  assert _list("") == before  # nothing built or staged
+  own = "us-central1-docker.pkg.dev/p/images/trainer-arm64:1"
+  assert submit.main([f"--config={path}", "--project=p", "--bucket=test-bucket", f"--trainer_image={own}",
+                      "--dry_run", f"--rendered_config={tmp_path / 'rendered.yaml'}"]) == 0
+  captured = capsys.readouterr()
+  assert (f"warning: workerPoolSpecs[0] runs on a4x-highgpu-4g, an Arm host: --trainer_image={own} must be built "
+          "for linux/arm64") in captured.err
+  assert f'"imageUri": "{own}"' in captured.out
+
+
 @pytest.mark.parametrize("text,message", [
     (PACKAGE.replace("      pythonModule: trainer.task\n", ""),
      r"workerPoolSpecs\[0\]\.pythonPackageSpec\.pythonModule is required$"),
@@ -510,7 +537,7 @@ def test_a_study_of_a_users_model_checks_it_and_sends_it_to_every_trial(gcs, cap
 
 
 def test_dry_run_prints_request_and_an_equivalent_gcloud_command(capsys, monkeypatch, tmp_path):
-  monkeypatch.chdir(tmp_path)  # the config lands beside the output, in the current directory
+  monkeypatch.chdir(tmp_path)  # the config lands in vertex_jobs/ under the current directory
   with fake_vertex.running() as fake:
     code = submit.main([f"--config={procs.REPO}/cloud_configs/parameter_server.yaml", "--project=proj", "--bucket=bkt",
                         "--run_id=d1", "--dry_run", f"--api_endpoint={fake.endpoint}"])
@@ -519,13 +546,26 @@ def test_dry_run_prints_request_and_an_equivalent_gcloud_command(capsys, monkeyp
   assert code == 0
   json_part, _, rest = out.partition("\n# config written to ")
   printed = json.loads(json_part)
-  command = rest.strip().splitlines()[-1]
+  header, build, command = rest.strip().splitlines()
+  assert header.startswith("vertex_jobs/parameter_server-d1.yaml, the trainer image's build context to "
+                           "vertex_jobs/parameter_server-d1-trainer-image/; by hand")
+  image = printed["trainer_image"]["image"]
+  assert build == ("gcloud builds submit vertex_jobs/parameter_server-d1-trainer-image --project=proj "
+                   f"--region=us-central1 --tag={image}")
   assert command == ("gcloud ai custom-jobs create --project=proj --region=us-central1 "
-                     "--display-name=parameter_server-d1 --config=parameter_server-d1.yaml")
+                     "--display-name=parameter_server-d1 --config=vertex_jobs/parameter_server-d1.yaml")
   with open(command.split("--config=")[1]) as f:
     rendered = yaml.safe_load(f)
   assert rendered == printed["request"]["jobSpec"]  # the gcloud command carries the same spec
   assert [p["replicaCount"] for p in rendered["workerPoolSpecs"]] == [1, 2, 1]
+  # The context a hand-run `gcloud builds submit` sends is the one Cloud Build would get: the Dockerfile and the
+  # trainer's sdist (what the image installs), nothing else.
+  context = tmp_path / "vertex_jobs" / "parameter_server-d1-trainer-image"
+  with open(os.path.join(procs.REPO, "Dockerfile"), "rb") as f:
+    assert (context / "Dockerfile").read_bytes() == f.read()
+  (sdist,) = (context / "dist").iterdir()
+  assert sdist.name.startswith("vertex-tf-trainer-") and sdist.name.endswith(".tar.gz")
+  assert sorted(p.name for p in context.iterdir()) == ["Dockerfile", "dist"]
 
 
 @pytest.mark.parametrize("args,message", [

@@ -44,6 +44,9 @@ class Emulator:
   directory: str
   pids: list[int]
   ca_path: str
+  # What the shell that ran `start` held under the names `start` exports (a corporate proxy, a CA bundle):
+  # `stop` puts these back instead of unsetting them.
+  previous: dict[str, str] = dataclasses.field(default_factory=dict)
 
   @property
   def env(self) -> dict[str, str]:
@@ -73,6 +76,11 @@ class Emulator:
 
   def exports(self) -> str:
     return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in self.env.items())
+
+  def restores(self) -> str:
+    """What `stop` prints: `export` of the value a variable had before `start`, `unset` of the others."""
+    return "".join(f"export {name}={shlex.quote(self.previous[name])}\n" if name in self.previous else
+                   f"unset {name}\n" for name in self.env)
 
   @classmethod
   def unsets(cls) -> str:

@@ -181,6 +181,10 @@ def _csv_columns(source: base.Source, path: str, *, columns: tuple[str, ...] | N
     return dataclasses.replace(source, columns=tuple(columns), header=False)
   if looks_like_header(rows):
     names = tuple(c.strip() for c in first)
+    if not names[0] and len(names) > 1 and all(names[1:]) and len(set(names)) == len(names):
+      raise UserError(f"{flag}: the header of {path} leaves its first column unnamed ({', '.join(first[:4])}"
+                      f"{', ...' if len(first) > 4 else ''}): that is the row index pandas' to_csv writes by default; "
+                      "write the file with to_csv(path, index=False), or name that column in the header")
     if len(set(names)) != len(names) or not all(names):
       raise UserError(f"{flag}: the header of {path} has empty or repeated column names ({', '.join(first)})")
     return dataclasses.replace(source, columns=names, header=True)
