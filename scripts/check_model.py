@@ -21,8 +21,8 @@ import numpy as np
 
 from serving import predict
 from trainer.data import feature_kinds
-from trainer.data.formats import tfrecord
 from trainer.data import schema as schema_lib
+from trainer.data.formats import tfrecord
 from trainer.modeling import export
 
 

@@ -321,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
                       help="print the requests and the gcloud command, write the config it names; send nothing")
   parser.add_argument("--rendered_config", default=None, metavar="PATH",
                       help="--dry_run: where to write the filled config the gcloud command names (default: "
-                           "vertex_jobs/DISPLAY_NAME.yaml under the current directory; the image build context beside it)")
+                           "vertex_jobs/DISPLAY_NAME.yaml under the current directory, the image build context "
+                           "beside it)")
   parser.add_argument("--no_follow", action="store_true")
   parser.add_argument("--api_endpoint", default=os.environ.get("VERTEX_API_ENDPOINT"), help=argparse.SUPPRESS)
   parser.add_argument("--poll_secs", type=float, default=30.0)

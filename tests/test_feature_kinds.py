@@ -11,9 +11,9 @@ from PIL import Image
 
 from trainer.data import feature_kinds
 from trainer.data import features as features_lib
-from trainer.data.formats import tfrecord
 from trainer.data import predict_schemata
 from trainer.data import schema as schema_lib
+from trainer.data.formats import tfrecord
 from trainer.modeling import models
 from trainer.planning import examples
 
@@ -105,3 +105,44 @@ def test_the_openapi_schema_of_each_kind_accepts_a_request_value():
 def test_json_kinds(name, kind):
   feature = SCHEMA.feature(name)
   assert feature_kinds.of(feature).json_kind(feature) == kind
+
+
+def _files(tmp_path, sizes):
+  paths = []
+  for i, size in enumerate(sizes):
+    path = tmp_path / f"f{i}.bin"
+    path.write_bytes(bytes([65 + i]) * size)
+    paths.append(str(path))
+  return paths
+
+
+def test_the_file_cache_serves_held_files_from_memory_within_its_budget(tmp_path):
+  """What --uri_cache_mb keeps: a batch's files once read are served from memory (a file changed on disk after
+  is still read as it was held: no second request), in the batch's order, duplicates included; a batch that
+  would pass the budget is read and not held."""
+  small = _files(tmp_path, [10, 20, 30])
+  cache = feature_kinds.FileCache(100)
+  read = tf.function(cache.read)
+  batch = tf.constant([small[2], small[0], small[2], small[1]])
+  expected = [b"C" * 30, b"A" * 10, b"C" * 30, b"B" * 20]
+  assert list(read(batch).numpy()) == expected
+  for path in small:
+    with open(path, "wb") as f:
+      f.write(b"changed on disk")
+  assert list(read(batch).numpy()) == expected  # from memory
+  (tmp_path / "big").mkdir()
+  (big,) = _files(tmp_path / "big", [200])
+  assert list(read(tf.constant([big, small[1]])).numpy()) == [b"A" * 200, b"B" * 20]
+  with open(big, "wb") as f:
+    f.write(b"new")
+  assert list(read(tf.constant([big])).numpy()) == [b"new"]  # over the budget: never held, read every time
+
+
+def test_the_file_cache_never_answers_with_another_files_bytes(tmp_path):
+  """Entries are keyed by the URI's hash: an entry under a URI's key that holds another URI (a shared hash) is a
+  miss, and the file is read."""
+  first, second = _files(tmp_path, [5, 7])
+  cache = feature_kinds.FileCache(1000)
+  key = tf.strings.to_hash_bucket_fast([first], 2**63 - 1)
+  cache._contents.insert(key, tf.constant([second + "\0" + "B" * 7]))  # pylint: disable=protected-access
+  assert list(cache.read(tf.constant([first, second])).numpy()) == [b"A" * 5, b"B" * 7]

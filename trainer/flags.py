@@ -75,6 +75,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   _define_integer("shuffle_buffer", 10_000, "Examples shuffled together: consecutive parsed batches holding at "
                   "least this many (and at least 2 batches) are pooled and their rows permuted; file order is "
                   "reshuffled every epoch (0: no shuffle).", **fv)
+  _define_integer("uri_cache_mb", 1024, "Megabytes of the files that image or text columns name by URI (gs://, "
+                  "/gcs/, local) kept in memory after their first read, per input pipeline: later epochs read them "
+                  "from memory instead of one Cloud Storage request per file (0: read every time).", **fv)
   flags.DEFINE_boolean("deterministic_input", False, "Read examples in the same order every run (seeded "
                        "shuffle, ordered interleave): reproducible weights, slightly slower input. Not under "
                        "parameter servers (asynchronous: refused there).", **fv)
@@ -207,6 +210,7 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment, *,
           schema_path=paths.normalize_path(schema_path),
           format=values.data_format,
           shuffle_buffer=values.shuffle_buffer,
+          uri_cache_mb=values.uri_cache_mb,
           deterministic=values.deterministic_input,
           schema_given=bool(values.schema),
           vertex_format=vertex_format,

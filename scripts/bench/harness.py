@@ -160,15 +160,16 @@ def report(rounds: list[dict[str, float]], ratios, memory: tuple[float, float], 
         f"{'met' if ten / one <= 1.2 else 'NOT met'}")
 
 
-def trainer_pipeline(files: list[str], schema, batch: int, *, source=None):
+def trainer_pipeline(files: list[str], schema, batch: int, *, source=None, file_cache_bytes: int = 0):
   """The trainer's own training pipeline over `files` (`input_pipeline.make_dataset_fn`, the format detected as
-  the trainer detects it unless `source` is given), seeded: the "trainer" row of every input benchmark."""
+  the trainer detects it unless `source` is given), seeded: the "trainer" row of every input benchmark. Files
+  that `uri` features name are read every time unless `file_cache_bytes` (--uri_cache_mb) holds them."""
   from trainer.data import formats  # pylint: disable=g-import-not-at-top
   from trainer.data import input_pipeline  # pylint: disable=g-import-not-at-top
 
   source = source or formats.source_for(files, flag="bench")
   return input_pipeline.make_dataset_fn(files, schema, source=source, global_batch_size=batch, training=True,
-                                        seed=1)(None)
+                                        seed=1, file_cache_bytes=file_cache_bytes)(None)
 
 
 def add_turn_flags(parser, *, batch_size: int, rounds: int = 8) -> None:

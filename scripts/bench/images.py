@@ -10,7 +10,10 @@ Pillow as JPEG; the CSV (written by pandas) names each file and a label.
 - trainer: `input_pipeline.make_dataset_fn` over the CSV (the schema's `uri` image: files read in the graph,
   checked to be images, decoded, cast to float; the shuffle window);
 - plain: `Dataset.from_tensor_slices(paths)` -> `map(read_file + decode_jpeg + cast, AUTOTUNE)` -> batch, as the
-  tf.data guide writes it (no shuffle, no checks); plain_gcs the same over the gs:// copies.
+  tf.data guide writes it (no shuffle, no checks); plain_gcs the same over the gs:// copies;
+- gcs: the trainer over the gs:// copies reading every file every time (--uri_cache_mb=0); gcs_cached the same
+  with the trainer's default --uri_cache_mb=1024 (files held in memory after their first read: every epoch after
+  the first, including the untimed warm-up round's share of it, reads from memory).
 It measures as scripts/bench/formats.py does (scripts/bench/harness.py). Nothing here asserts: it reports.
 """
 
@@ -32,8 +35,9 @@ def build(kind: str, pattern: str, schema_path: str, batch: int):
   from trainer.data import schema as schema_lib  # pylint: disable=g-import-not-at-top
 
   files = sorted(tf.io.gfile.glob(pattern))
-  if kind in ("trainer", "gcs"):
-    return harness.trainer_pipeline(files, schema_lib.load_schema(schema_path), batch)
+  if kind in ("trainer", "gcs", "gcs_cached"):
+    cache = (1 << 30) if kind == "gcs_cached" else 0  # --uri_cache_mb=1024, the trainer's default; else 0
+    return harness.trainer_pipeline(files, schema_lib.load_schema(schema_path), batch, file_cache_bytes=cache)
   paths = [line.split(",")[0] for line in tf.io.gfile.GFile(files[0]).read().splitlines()[1:]]
 
   def load(path):
@@ -85,7 +89,8 @@ def main() -> None:
         "label": {"name": "photo", "type": "int", "num_classes": 2}})
     with harness.bench_bucket(scratch) as (emulator, env):
       stage_data.upload_tree(remote_dir, "gs://bench/images", client=emulator.storage_client())
-      kinds = {"trainer": (local, env), "gcs": (remote, env), "plain": (local, env), "plain_gcs": (remote, env)}
+      kinds = {"trainer": (local, env), "gcs": (remote, env), "gcs_cached": (remote, env), "plain": (local, env),
+               "plain_gcs": (remote, env)}
       rounds = harness.timed_rounds(BUILDER, kinds, schema_path, args.batch_size, rounds=args.rounds,
                                     slice_secs=args.slice_secs)
       memory = [harness.one_pass_rss(BUILDER, "trainer", p, schema_path, args.batch_size,
@@ -95,7 +100,9 @@ def main() -> None:
         f"{args.slice_secs:g} s slices; images/s are medians over rounds")
   ratios = (("trainer / plain", "trainer", "plain", 0.9),
             ("trainer / plain, gs://", "gcs", "plain_gcs", 0.9),
-            ("gs:// / local", "gcs", "trainer", 0.8))
+            ("gs:// / local", "gcs", "trainer", 0.8),
+            ("gs:// held in memory / gs://", "gcs_cached", "gcs", 1.0),
+            ("gs:// held in memory / local", "gcs_cached", "trainer", 0.8))
   harness.report(rounds, ratios, memory, unit="images/s")
 
 if __name__ == "__main__":

@@ -66,6 +66,7 @@ class DataConfig:
   schema_path: str  # --schema, or schema.json beside the training files (which may not exist: then inferred)
   format: str = "auto"
   shuffle_buffer: int = 10_000
+  uri_cache_mb: int = 1024  # files `uri` features name, kept in memory after their first read (per pipeline)
   deterministic: bool = False
   schema_given: bool = False  # --schema was passed: it must exist
   test_pattern: str | None = None  # evaluated once after training, reported as test_* (--test_data)
@@ -190,6 +191,8 @@ def validate(config: Config) -> None:
   if config.data.csv_columns is not None and (len(set(config.data.csv_columns)) != len(config.data.csv_columns)
                                               or not all(config.data.csv_columns)):
     raise UserError(f"--csv_columns must name every CSV column once, got {','.join(config.data.csv_columns)}")
+  if config.data.uri_cache_mb < 0:
+    raise UserError(f"--uri_cache_mb must be >= 0 (0: no cache), got {config.data.uri_cache_mb}")
   if config.data.shuffle_buffer < 0:
     raise UserError(f"--shuffle_buffer must be >= 0, got {config.data.shuffle_buffer}")
 

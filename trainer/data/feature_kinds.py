@@ -65,12 +65,13 @@ class Kind:
     """The model input for a batch of parsed values (`table`: the feature's vocabulary lookup, if any)."""
     raise NotImplementedError
 
-  def load(self, feature: schema_lib.Feature, value):
+  def load(self, feature: schema_lib.Feature, value, *, cache: FileCache | None = None):
     """The value a request would carry for a batch of parsed values: for a `uri` feature, the files' bytes (read
-    in the input pipeline only: serving takes the value itself); else the values unchanged."""
+    in the input pipeline only, through `cache` if given: serving takes the value itself); else the values
+    unchanged."""
     if not feature.uri:
       return value
-    return read_files(value, check_image=feature.type == "image", name=feature.name)
+    return read_files(value, check_image=feature.type == "image", name=feature.name, cache=cache)
 
 
 _NUMBER = {"type": "number", "format": "float"}
@@ -218,14 +219,70 @@ class Image(Kind):
 _IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF8", b"BM")
 
 
-def read_files(uris, *, check_image: bool, name: str):
+class FileCache:
+  """The bytes of the files `uri` features name, kept in memory after their first read, up to about `max_bytes`
+  (then files not yet held are read every time they come up).
+
+  Why: a Cloud Storage object costs a request (tens of milliseconds, and an operation billed) however small it is;
+  training on images or texts by URI reads every file once per epoch, so from the second epoch on a dataset that
+  fits is read from memory (scripts/bench/images.py measures both). The bound is approximate: a batch's files are
+  kept when the bytes held so far plus theirs fit, counted without a lock across parallel batches. One cache per
+  input pipeline (built inside `dataset_fn`, as the vocabulary tables are)."""
+
+  _HELD = "bytes held"  # the one key of the byte count's table (a table, not a variable: no strategy variable)
+
+  def __init__(self, max_bytes: int):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    self._max_bytes = max_bytes
+    # TensorFlow has no mutable string -> string table on CPU: the key is the URI's 63-bit hash, and the value
+    # holds the URI itself before the bytes, so a hash shared by two URIs reads as "not held", never as the
+    # other file.
+    self._contents = tf.lookup.experimental.MutableHashTable(tf.int64, tf.string, default_value="")
+    self._held = tf.lookup.experimental.MutableHashTable(tf.string, tf.int64, default_value=0)
+
+  def read(self, uris):
+    """The bytes of each file of a batch of URIs: held ones from memory, the others read (and kept if they fit)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    keys = tf.strings.to_hash_bucket_fast(uris, 2**63 - 1)
+    prefixes = uris + "\0"
+    stored = tf.reshape(self._contents.lookup(keys), tf.shape(keys))  # the lookup forgets the shape
+    prefix_lengths = tf.strings.length(prefixes)
+    hit = tf.strings.substr(stored, tf.zeros_like(prefix_lengths), prefix_lengths) == prefixes
+    missing = tf.logical_not(hit)
+    missing_uris = tf.boolean_mask(uris, missing)
+    fresh = tf.map_fn(tf.io.read_file, missing_uris, fn_output_signature=tf.string, parallel_iterations=32)
+    hits = tf.boolean_mask(stored, hit)
+    positions = tf.range(tf.shape(uris, out_type=tf.int32)[0])
+    contents = tf.dynamic_stitch([tf.boolean_mask(positions, hit), tf.boolean_mask(positions, missing)],
+                                 [tf.strings.substr(hits, tf.boolean_mask(prefix_lengths, hit),
+                                                    tf.strings.length(hits)), fresh])
+    total = self._held.lookup(tf.constant([self._HELD]))[0] + tf.reduce_sum(
+        tf.cast(tf.strings.length(fresh), tf.int64))
+
+    def keep():
+      with tf.control_dependencies([self._contents.insert(tf.boolean_mask(keys, missing),
+                                                          tf.boolean_mask(prefixes, missing) + fresh),
+                                    self._held.insert(tf.constant([self._HELD]), tf.reshape(total, [1]))]):
+        return tf.constant(True)
+
+    kept = tf.cond(total <= self._max_bytes, keep, lambda: tf.constant(False))
+    with tf.control_dependencies([kept]):
+      return tf.identity(contents)
+
+
+def read_files(uris, *, check_image: bool, name: str, cache: FileCache | None = None):
   """The bytes of each file a batch of URIs names (gs://, /gcs/ read as gs://, local), read in parallel in the
-  graph. A missing file fails with TensorFlow's NotFoundError naming it; an image file that is not PNG, JPEG, GIF
-  or BMP fails a data check naming it (decode_image's own error does not)."""
+  graph (through `cache` when given). A missing file fails with TensorFlow's NotFoundError naming it; an image
+  file that is not PNG, JPEG, GIF or BMP fails a data check naming it (decode_image's own error does not)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   uris = tf.strings.regex_replace(uris, "^/gcs/", "gs://")
-  contents = tf.map_fn(tf.io.read_file, uris, fn_output_signature=tf.string, parallel_iterations=32)
+  if cache is not None:
+    contents = cache.read(uris)
+  else:
+    contents = tf.map_fn(tf.io.read_file, uris, fn_output_signature=tf.string, parallel_iterations=32)
   if not check_image:
     return contents
   known = [tf.equal(tf.strings.substr(contents, 0, len(magic)), magic) for magic in _IMAGE_MAGIC]

@@ -84,9 +84,11 @@ class FeatureEncoder:
     counts = tf.reduce_sum(tf.one_hot(ids.to_tensor(default_value=-1), len(self._schema.label.vocabulary)), axis=1)
     return tf.minimum(counts, 1.0)
 
-  def encode_records(self, columns):
-    """`encode` after reading the files `uri` features name (the input pipeline's path; serving takes values)."""
-    return self.encode({f.name: feature_kinds.of(f).load(f, columns[f.name]) for f in self._schema.features})
+  def encode_records(self, columns, *, file_cache: feature_kinds.FileCache | None = None):
+    """`encode` after reading the files `uri` features name (the input pipeline's path; serving takes values),
+    through `file_cache` when given."""
+    return self.encode({f.name: feature_kinds.of(f).load(f, columns[f.name], cache=file_cache)
+                        for f in self._schema.features})
 
   def encode(self, columns):
     return {feature.input_name: feature_kinds.of(feature).encode(feature, columns[feature.name],

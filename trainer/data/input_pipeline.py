@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from trainer.data import feature_kinds
 from trainer.data import features as features_lib
 from trainer.data import formats
 from trainer.data import schema as schema_lib
@@ -23,7 +24,7 @@ def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, source: form
                     training: bool, shuffle_buffer: int = 10_000, seed: int | None = None,
                     repeat: bool | None = None,
                     select: list[str] | None = None, deterministic: bool = False,
-                    max_batches: int | None = None) -> Callable:
+                    max_batches: int | None = None, file_cache_bytes: int = 0) -> Callable:
   """Returns `dataset_fn(input_context)` for `strategy.distribute_datasets_from_function`.
 
   Each input pipeline reads its own subset of files when there are at least as many files as pipelines
@@ -44,6 +45,8 @@ def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, source: form
     select: keep only these encoded features (Keras `fit` wants exactly the model's inputs).
     deterministic: keep the order fixed across runs even while training (reproducible weights).
     max_batches: stop after this many GLOBAL batches (--eval_steps).
+    file_cache_bytes: keep up to about this many bytes of the files `uri` features name in memory after their
+      first read (`feature_kinds.FileCache`, one per pipeline; 0: read them every time).
 
   Returns:
     `dataset_fn(input_context=None) -> tf.data.Dataset` of `(features, labels)`: features encoded by
@@ -71,11 +74,14 @@ def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, source: form
       replicas_per_pipeline = (input_context.num_replicas_in_sync // input_context.num_input_pipelines
                                if input_context is not None else 1)
       ds = ds.take(max_batches * max(1, replicas_per_pipeline))
-    encoder = features_lib.FeatureEncoder(schema)  # built here: ParameterServerStrategy needs tables made inside dataset_fn
+    # Built here: ParameterServerStrategy needs tables made inside dataset_fn.
+    encoder = features_lib.FeatureEncoder(schema)
+    file_cache = (feature_kinds.FileCache(file_cache_bytes)
+                  if file_cache_bytes > 0 and any(f.uri for f in schema.features) else None)
     parse = _finite_checked(data_format.tf_batch_parser(schema, source))
 
     def encode(columns, target):
-      encoded = encoder.encode_records(columns), encoder.encode_label(target)
+      encoded = encoder.encode_records(columns, file_cache=file_cache), encoder.encode_label(target)
       return _select(*encoded, select) if select is not None else encoded
 
     order = dict(num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic or not training)

@@ -97,7 +97,8 @@ class Job:
         # refuses --deterministic_input there, since asynchronous updates are not reproducible anyway).
         seed=None if self.choice.parameter_server else cfg.train.seed,
         select=select, deterministic=cfg.data.deterministic,
-        max_batches=cfg.train.eval_steps if split == "eval" else None)
+        max_batches=cfg.train.eval_steps if split == "eval" else None,
+        file_cache_bytes=cfg.data.uri_cache_mb << 20)
 
 
 @dataclasses.dataclass
