@@ -720,3 +720,21 @@ def test_pandas_index_column_is_named_with_its_remedy(tmp_path):
       "that column in the header")
   frame.to_csv(path, index=False)
   assert formats.source_for([str(path)], flag="--train_data").columns == tuple(frame.columns)
+
+
+def test_an_empty_string_is_missing_where_the_input_pipeline_reads_it_so():
+  """Pre-flight reads a value as the input pipeline does (the formats' value model): an empty CSV field is
+  missing whatever its kind (decode_csv fills the default), an empty JSON or Parquet string is a string (the
+  pipeline reads ""), an empty JSON value where a number belongs is missing."""
+  schema = schema_lib.parse_schema({"features": [
+      {"name": "note", "type": "text", "vocabulary": ["ok"]}, {"name": "x", "type": "float"}],
+      "label": {"name": "y", "type": "float"}}, source="t")
+  for data_format in ("jsonl", "parquet"):
+    assert preflight.record_problem({"note": "", "x": 1.0, "y": 0.0}, schema, formats.Source(data_format)) is None
+    assert preflight.record_problem({"note": "ok", "x": "", "y": 0.0}, schema, formats.Source(data_format)) == (
+        "column 'x' is empty and the schema gives it no default")
+  csv = formats.Source("csv", columns=("note", "x", "y"), header=True)
+  assert preflight.record_problem({"note": "", "x": "1", "y": "0"}, schema, csv) == (
+      "column 'note' is empty and the schema gives it no default")
+  assert preflight.record_problem({"note": "ok", "x": "nan", "y": "0"}, schema, csv) == (
+      "column 'x' holds 'nan', " + features_lib.NON_FINITE + "; remove the record or give the column a value")

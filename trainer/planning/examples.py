@@ -37,7 +37,6 @@ def serialize(values: Mapping[str, Any], schema: schema_lib.Schema) -> bytes:
 
 
 # The formats whose records `record_values` types: TFRecord files already hold Examples (staging copies them).
-RECORD_FORMATS = ("csv", "jsonl", "parquet")
 
 
 def record_values(record: Mapping[str, Any], schema: schema_lib.Schema, source: formats.Source) -> dict[str, Any]:
@@ -50,10 +49,10 @@ def record_values(record: Mapping[str, Any], schema: schema_lib.Schema, source: 
   Raises ValueError, whose message is one line, for a value an Example cannot hold as the schema types it: a
   fraction in an int column (the input pipeline reads CSV and JSON numbers as float32 and would keep 1.5; an
   `int64_list` cannot), or a missing value `record_problem` would have refused."""
-  import base64  # pylint: disable=g-import-not-at-top
-
-  if source.format not in RECORD_FORMATS:
-    raise ValueError(f"records of {source.describe()} are not converted; expected one of {', '.join(RECORD_FORMATS)}")
+  data_format = formats.FORMATS[source.format]
+  if not data_format.converts_to_examples:
+    convertible = [name for name, f in formats.FORMATS.items() if f.converts_to_examples]
+    raise ValueError(f"records of {source.describe()} are not converted; expected one of {', '.join(convertible)}")
   if schema.label.multi_label:
     raise ValueError(f"label {schema.label.name!r} is multi-label (a list of class names), which the trainer reads "
                      "from JSONL only, not from a tf.train.Example")
@@ -62,17 +61,24 @@ def record_values(record: Mapping[str, Any], schema: schema_lib.Schema, source: 
     feature = None if name == schema.label.name else schema.feature(name)
     kind = feature.type if feature is not None else schema.label.type
     textual = kind in ("string", "text")
-    value = record.get(name)
-    # "" is missing in CSV (decode_csv's default fills it); JSONL and Parquet keep a present "" string as it is.
-    if value is None or (isinstance(value, str) and value == "" and (source.format == "csv" or not textual)):
-      if feature is None or feature.default is None:
-        raise ValueError(f"column {name!r} is empty and the schema gives it no default")
-      count = feature.values_per_example
-      values[name] = [feature.default] * count if count > 1 else feature.default
-    elif feature is not None and feature.uri:
+    count = feature.values_per_example if feature is not None else 1
+    try:
+      # Missing where the input pipeline takes the default: "" in CSV (decode_csv's default fills it); JSONL and
+      # Parquet keep a present "" string as it is.
+      value = data_format.present_value(name, record.get(name), kind=kind, count=count, record=record)
+      if value is formats.MISSING:
+        if feature is None or feature.default is None:
+          raise ValueError(f"column {name!r} is empty and the schema gives it no default")
+        values[name] = [feature.default] * count if count > 1 else feature.default
+        continue
+      if kind == "image" and not (feature is not None and feature.uri):
+        value = data_format.typed_value(name, value, kind=kind, count=count, feature=feature)  # the image's bytes
+    except formats.ValueProblem as e:
+      raise ValueError(str(e)) from None
+    if feature is not None and feature.uri:
       values[name] = value.encode() if kind == "image" else value  # a file's URI, read when training
     elif kind == "image":
-      values[name] = base64.b64decode(value["b64"]) if source.format == "jsonl" else value
+      values[name] = value
     elif textual:
       values[name] = value if isinstance(value, str) else str(value)  # Parquet: an int column read as strings
     else:

@@ -21,7 +21,6 @@ from trainer.core import paths
 from trainer.core import storage
 from trainer.core.errors import first_line
 from trainer.core.errors import UserError
-from trainer.data import features as features_lib
 from trainer.data import formats
 from trainer.data import inference as schema_inference
 from trainer.data import schema as schema_lib
@@ -334,6 +333,8 @@ def record_problem(record: dict[str, Any], schema: schema_lib.Schema, source: fo
   if formats.FIELD_COUNT in record:
     return f"the row has {record[formats.FIELD_COUNT]} fields, the CSV {len(source.columns)} columns"
   label = schema.label
+  data_format = formats.FORMATS[source.format]
+  what = data_format.value_word
   for name in schema.columns:
     feature = None if name == label.name else schema.feature(name)
     kind = feature.type if feature else label.type
@@ -343,30 +344,22 @@ def record_problem(record: dict[str, Any], schema: schema_lib.Schema, source: fo
       if problem:
         return problem
       continue
-    if source.format == "tfrecord":
-      list_kind, values = value if value is not None else (None, [])
-      if not values:
+    count = feature.values_per_example if feature else 1
+    try:
+      value = data_format.present_value(name, value, kind=kind, count=count, record=record)
+      if value is formats.MISSING:
         if feature is not None and feature.default is not None:
           continue
-        return (f"feature {name!r} is missing (the record has: {', '.join(sorted(record)) or 'none'}); it does "
-                "not match the schema" + ("" if feature is None else ", which gives it no default"))
-      expected = schema_lib.EXAMPLE_LISTS[kind]
-      if list_kind != expected:
-        return f"feature {name!r} is a {list_kind}, but the schema says {kind} ({expected})"
-      count = feature.values_per_example if feature else 1
-      if len(values) != count:
-        return f"feature {name!r} has {len(values)} values; the schema expects exactly {count}"
-      value = values[0] if count == 1 else values
-      if kind in ("string", "text"):
-        try:
-          value = value.decode("utf-8")
-        except UnicodeDecodeError:
-          return f"feature {name!r} is not UTF-8 text"
-    elif value is None or value == "":
-      if feature is not None and feature.default is not None:
+        return data_format.missing_problem(name, record, feature)
+      if feature is not None and feature.uri:
+        problem = _uri_problem(what, name, value)
+        if problem:
+          return problem
         continue
-      return f"column {name!r} is empty" + ("" if feature is None else " and the schema gives it no default")
-    problem = _value_problem(name, kind, value, feature, label, source)
+      value = data_format.typed_value(name, value, kind=kind, count=count, feature=feature)
+    except formats.ValueProblem as e:
+      return str(e)
+    problem = _value_problem(what, name, kind, value, feature, label)
     if problem:
       return problem
   return None
@@ -385,29 +378,22 @@ def _class_list_problem(name: str, value: Any, label: schema_lib.Label) -> str |
   return None
 
 
-def _value_problem(name, kind, value, feature, label, source) -> str | None:
-  import base64  # pylint: disable=g-import-not-at-top
+def _uri_problem(what: str, name: str, value: Any) -> str | None:
+  """A value that names a file (the file itself is read later, `file_problem`)."""
+  if isinstance(value, bytes):
+    try:
+      value = value.decode("utf-8")
+    except UnicodeDecodeError:
+      return f"{what} {name!r} is not a UTF-8 URI"
+  if not isinstance(value, str) or not value.strip():
+    return f"{what} {name!r} holds {str(value)[:40]!r}; the schema says it names a file (a gs:// URI or a path)"
+  return None
 
-  what = "feature" if source.format == "tfrecord" else "column"
-  if feature is not None and feature.uri:
-    if isinstance(value, bytes):
-      try:
-        value = value.decode("utf-8")
-      except UnicodeDecodeError:
-        return f"{what} {name!r} is not a UTF-8 URI"
-    if not isinstance(value, str) or not value.strip():
-      return f"{what} {name!r} holds {str(value)[:40]!r}; the schema says it names a file (a gs:// URI or a path)"
-    return None
+
+def _value_problem(what: str, name: str, kind: str, value: Any, feature, label: schema_lib.Label) -> str | None:
+  """What the value model's rules refuse, in every format alike: an image that does not decode (or raw bytes of
+  another size), a NaN or infinity, a label that is not one of the classes."""
   if kind == "image":
-    if source.format == "parquet" and not isinstance(value, bytes):
-      return f"column {name!r} holds {str(value)[:40]!r}; an image is binary (bytes) in Parquet"
-    if source.format == "jsonl":
-      if not isinstance(value, dict) or not isinstance(value.get("b64"), str):
-        return f"column {name!r} holds {str(value)[:40]!r}; an image is {{'b64': '...'}} in JSONL"
-      try:
-        value = base64.b64decode(value["b64"], validate=True)
-      except ValueError:
-        return f"column {name!r} holds a 'b64' value that is not base64"
     if feature.encoding in schema_lib.ENCODED_IMAGES:
       problem = schema_inference.image_problem(value)
       if problem:
@@ -417,30 +403,11 @@ def _value_problem(name, kind, value, feature, label, source) -> str | None:
       if len(value) != size:
         return f"image {what} {name!r} has {len(value)} bytes; shape {list(feature.shape)} needs {size}"
     return None
-  textual = kind in ("string", "text")
-  if source.format == "csv":
-    if not textual and not formats.is_number(value):
-      if _non_finite_text(value):
-        return _non_finite(what, name, value, feature)
-      return f"column {name!r} holds {value!r}, but the schema says {kind}"
-    if not textual:
-      value = float(value)
-  if source.format in ("jsonl", "parquet"):
-    count = feature.values_per_example if feature else 1
-    if count > 1:
-      if not (isinstance(value, list) and len(value) == count
-              and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
-        return f"column {name!r} holds {str(value)[:40]}; the schema expects a list of {count} numbers"
-    elif textual:
-      if not isinstance(value, str) and not (source.format == "parquet" and isinstance(value, int)):
-        return f"column {name!r} holds {value!r}, but the schema says {kind} (a string)"
-    elif not isinstance(value, (int, float)):
-      return f"column {name!r} holds {value!r}, but the schema says {kind} (a number)"
-  if not textual:  # every format: one number or a list of them (a vector feature)
+  if kind not in ("string", "text"):  # one number or a list of them (a vector feature)
     numbers = value if isinstance(value, list) else [value]
     bad = next((v for v in numbers if isinstance(v, float) and not math.isfinite(v)), None)
     if bad is not None:
-      return _non_finite(what, name, bad, feature)
+      return formats.non_finite_problem(what, name, bad, feature)
   if feature is None:  # the label's value
     if label.vocabulary is not None:
       text = value if isinstance(value, str) else str(value)
@@ -450,20 +417,6 @@ def _value_problem(name, kind, value, feature, label, source) -> str | None:
     elif label.num_classes is not None and not (float(value) == int(value) and 0 <= value < label.num_classes):
       return f"label {name!r} holds {value!r}; class ids are 0..{label.num_classes - 1}"
   return None
-
-
-def _non_finite_text(text: str) -> bool:
-  try:
-    return not math.isfinite(float(text))
-  except ValueError:
-    return False
-
-
-def _non_finite(what: str, name: str, value: Any, feature) -> str:
-  """A NaN or infinity would train on silently into a NaN model: refused, with what to write instead."""
-  instead = ("leave the value out for the schema's default" if feature is not None and feature.default is not None
-             else "remove the record or give the column a value")
-  return f"{what} {name!r} holds {value!r}, {features_lib.NON_FINITE}; {instead}"
 
 
 def total_steps(config: config_lib.Config, inputs: Inputs) -> int:

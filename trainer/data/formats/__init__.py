@@ -4,8 +4,9 @@ Each format is one module of this package with one `base.DataFormat` subclass re
 tfrecord, csv, jsonl, parquet, image_folder. The package imports every module in it, so a new format (Avro,
 BigQuery) is one new file for everything here: detection, description, settling a split's source from its first
 file, records in plain Python, counting, the schema check, and the TF input pipeline's raw batches and their
-parse (`input_pipeline` asks the class). Pre-flight's per-value checks, schema inference's value reading and the
-Example writer still tell formats apart by name (issue 38, point 2).
+parse (`input_pipeline` asks the class), and a record's values in the trainer's value model (`present_value`,
+`typed_value`: what pre-flight checks and the Example writer writes). Schema inference's value reading and
+pre-flight's handling of class folders and Vertex exports still tell formats apart by name (issue 38, point 2).
 
 `--data_format=auto` (the default) resolves in this order: a listing one format claims as a whole
 (image files in class folders), Vertex's `AIP_DATA_FORMAT` (a managed-dataset job), the file extension
@@ -23,11 +24,14 @@ from trainer.core.errors import UserError
 from trainer.data.formats import base
 from trainer.data.formats.base import BLANK_LINE  # pylint: disable=unused-import  (the package's API)
 from trainer.data.formats.base import FIELD_COUNT  # pylint: disable=unused-import
+from trainer.data.formats.base import MISSING  # pylint: disable=unused-import
+from trainer.data.formats.base import non_finite_problem  # pylint: disable=unused-import
 from trainer.data.formats.base import FORMATS
 from trainer.data.formats.base import open_text  # pylint: disable=unused-import
 from trainer.data.formats.base import read_head  # pylint: disable=unused-import
 from trainer.data.formats.base import ReadPlan  # pylint: disable=unused-import
 from trainer.data.formats.base import Source
+from trainer.data.formats.base import ValueProblem  # pylint: disable=unused-import
 from trainer.data.formats.csv import csv_source  # pylint: disable=unused-import
 from trainer.data.formats.csv import is_number  # pylint: disable=unused-import
 from trainer.data.formats.image_folder import folder_class  # pylint: disable=unused-import

@@ -27,6 +27,7 @@ HEAD_BYTES = 64 * 1024
 # preflight.record_problem).
 BLANK_LINE = "\0blank line"
 FIELD_COUNT = "\0field count"
+MISSING = type("Missing", (), {"__repr__": lambda self: "MISSING"})()  # a record's value that is absent, null or empty
 MAX_PARALLEL_FILES = 16  # files one input pipeline reads at once
 READ_BUFFER_BYTES = 1 << 20  # large reads: few requests per gs:// object
 
@@ -51,6 +52,34 @@ class Source:
     if self.ml_use:
       text += f" (the lines whose ml_use is {self.ml_use}{' or unset' if self.ml_use == 'training' else ''})"
     return text + data_format.details(self)
+
+
+class ValueProblem(ValueError):
+  """A record's value this format cannot hold as the schema says: the message is the clause pre-flight reports."""
+
+
+def non_finite_problem(what: str, name: str, value: Any, feature) -> str:
+  """A NaN or infinity would train on silently into a NaN model: refused, with what to write instead."""
+  from trainer.data import features as features_lib  # pylint: disable=g-import-not-at-top
+
+  instead = ("leave the value out for the schema's default" if feature is not None and feature.default is not None
+             else "remove the record or give the column a value")
+  return f"{what} {name!r} holds {value!r}, {features_lib.NON_FINITE}; {instead}"
+
+
+def python_value(name: str, value: Any, *, kind: str, count: int, ints_as_text: bool = False) -> Any:
+  """A JSON or pyarrow value as the value model holds `kind`: a list of `count` numbers, a str (an int too where
+  `ints_as_text`: a column of ids read as strings), or a number."""
+  if count > 1:
+    if not (isinstance(value, list) and len(value) == count
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
+      raise ValueProblem(f"column {name!r} holds {str(value)[:40]}; the schema expects a list of {count} numbers")
+  elif kind in ("string", "text"):
+    if not isinstance(value, str) and not (ints_as_text and isinstance(value, int)):
+      raise ValueProblem(f"column {name!r} holds {value!r}, but the schema says {kind} (a string)")
+  elif not isinstance(value, (int, float)):
+    raise ValueProblem(f"column {name!r} holds {value!r}, but the schema says {kind} (a number)")
+  return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +121,7 @@ class DataFormat:
   flag_value: bool = True  # a --data_format choice (image folders are only ever detected)
   sniff_order: int | None = None  # where `sniff` runs among the formats (lower first); None: never by content
   holds_label_lists: bool = False  # a record can hold a list of class names (a multi-label label)
+  value_word: str = "column"  # how messages name one value of a record ("feature" in TFRecord)
 
   def claims_listing(self, files: list[str]) -> bool:
     """Whether the listed files as a whole are this format (image folders: every file an image)."""
@@ -118,6 +148,30 @@ class DataFormat:
   def check_schema(self, schema, source: Source, files: list[str], *, flag: str) -> None:
     """Refuses a schema the files cannot hold (a UserError naming `flag`)."""
     del schema, source, files, flag
+
+  # ----- a record's values in the trainer's value model (what pre-flight checks and the Example writer writes) ---
+
+  def present_value(self, name: str, value: Any, *, kind: str, count: int, record: dict[str, Any]) -> Any:
+    """`value` (as `records` yields it) or MISSING where the input pipeline reads none and takes the schema's
+    default: absent or null, or "" where a number belongs (JSON and Parquet values, the default here; a "" string
+    is a string). Raises ValueProblem for a value whose container cannot be the schema's (TFRecord: another
+    list kind or length)."""
+    del name, count, record
+    return MISSING if value is None or (value == "" and kind not in ("string", "text")) else value
+
+  def missing_problem(self, name: str, record: dict[str, Any], feature) -> str:
+    """The clause for a MISSING value the schema gives no default (`feature` None: the label)."""
+    del record
+    return f"{self.value_word} {name!r} is empty" + ("" if feature is None else " and the schema gives it no default")
+
+  def typed_value(self, name: str, value: Any, *, kind: str, count: int, feature) -> Any:
+    """A present value as the trainer's value model holds a `kind`: str (string, text), a number or a list of
+    `count` numbers (float, int), bytes (an image's encoded or raw bytes). Raises ValueProblem for a value of
+    another type (the format's own words). Default: the value is already so (checked by the model's rules)."""
+    del name, kind, count, feature
+    return value
+
+  converts_to_examples: bool = False  # `examples.from_file` writes its records as tf.train.Examples (stage_data)
 
   def settled(self, source: Source, first_file: str, schema, *, csv_columns: tuple[str, ...] | None = None,
               csv_multiline: bool | None = None, flag: str) -> Source:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import math
 import zlib
 from typing import Any, Iterator
 
@@ -63,6 +64,22 @@ class CsvFormat(base.DataFormat):
     if missing:
       raise UserError(f"{flag}: the CSV columns ({', '.join(source.columns)}) lack {', '.join(missing)} named in "
                       "the schema")
+
+  converts_to_examples = True
+
+  def present_value(self, name: str, value: Any, *, kind: str, count: int, record: dict[str, Any]) -> Any:
+    """Every field is text: an empty one is missing whatever its kind (decode_csv's default fills it)."""
+    return base.MISSING if value is None or value == "" else value
+
+  def typed_value(self, name: str, value: Any, *, kind: str, count: int, feature) -> Any:
+    """Text stays text; a number column's field must read as a finite number."""
+    if kind in ("string", "text"):
+      return value
+    if not is_number(value):
+      if _non_finite_text(value):
+        raise base.ValueProblem(base.non_finite_problem("column", name, value, feature))
+      raise base.ValueProblem(f"column {name!r} holds {value!r}, but the schema says {kind}")
+    return float(value)
 
   def settled(self, source: base.Source, first_file: str, schema, *, csv_columns=None, csv_multiline=None,
               flag: str) -> base.Source:
@@ -204,6 +221,13 @@ def looks_like_header(rows: list[list[str]]) -> bool:
     if below and all(is_number(v) for v in below):
       return True
   return all(first[i] not in {row[i] for row in rest if i < len(row)} for i in range(len(first)))
+
+
+def _non_finite_text(text: str) -> bool:
+  try:
+    return not math.isfinite(float(text))
+  except ValueError:
+    return False
 
 
 def is_number(text: str) -> bool:

@@ -4,6 +4,7 @@ split)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import zlib
 from typing import Any, Iterator
@@ -35,6 +36,20 @@ class JsonlFormat(base.DataFormat):
 
   def count(self, files: list[str], source: base.Source) -> int:
     return base.count_text_lines(files, source, keep=ml_use_predicate(source.ml_use) if source.ml_use else None)
+
+  converts_to_examples = True
+
+  def typed_value(self, name: str, value: Any, *, kind: str, count: int, feature) -> Any:
+    """An image is {"b64": "..."} (as Vertex and TF Serving write it), decoded to its bytes; the rest JSON's
+    strings, numbers and arrays of numbers."""
+    if kind == "image":
+      if not isinstance(value, dict) or not isinstance(value.get("b64"), str):
+        raise base.ValueProblem(f"column {name!r} holds {str(value)[:40]!r}; an image is {{'b64': '...'}} in JSONL")
+      try:
+        return base64.b64decode(value["b64"], validate=True)
+      except ValueError:
+        raise base.ValueProblem(f"column {name!r} holds a 'b64' value that is not base64") from None
+    return base.python_value(name, value, kind=kind, count=count)
 
   def tf_file_records(self, schema, source: base.Source):
     """Lines; of a Vertex export's split, its lines only (a per-line filter: these lines name files, few and

@@ -49,6 +49,16 @@ class ParquetFormat(base.DataFormat):
   def check_schema(self, schema, source: base.Source, files: list[str], *, flag: str) -> None:
     check_types(files[0], schema, flag=flag)
 
+  converts_to_examples = True
+
+  def typed_value(self, name: str, value: Any, *, kind: str, count: int, feature) -> Any:
+    """pyarrow's Python values: an image is binary; an int column may be read as strings (ids)."""
+    if kind == "image":
+      if not isinstance(value, bytes):
+        raise base.ValueProblem(f"column {name!r} holds {str(value)[:40]!r}; an image is binary (bytes) in Parquet")
+      return value
+    return base.python_value(name, value, kind=kind, count=count, ints_as_text=True)
+
   def tf_batches(self, files: list[str], schema, source: base.Source, plan: base.ReadPlan):
     """Python (pyarrow) hands over chunks of many batches of raw columns, cut into batches by `rebatch`."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top

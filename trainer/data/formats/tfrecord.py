@@ -19,6 +19,7 @@ class TFRecordFormat(base.DataFormat):
   extensions = (".tfrecord", ".tfrecords", ".tfrec")
   vertex_names = ("tf-record", "tfrecord")
   sniff_order = 20  # after Parquet's magic: a file whose first record reads as one
+  value_word = "feature"
 
   def sniff(self, path: str, compression: str, *, flag: str) -> bool:
     return _first_tfrecord(path, compression) is not None
@@ -32,6 +33,28 @@ class TFRecordFormat(base.DataFormat):
 
     ds = tf.data.TFRecordDataset(files, compression_type=source.compression, num_parallel_reads=tf.data.AUTOTUNE)
     return int(ds.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+
+  def present_value(self, name: str, value: Any, *, kind: str, count: int, record: dict[str, Any]) -> Any:
+    """An Example's (list kind, values): MISSING when empty; one value, or the list of `count`; strings decoded."""
+    list_kind, values = value if value is not None else (None, [])
+    if not values:
+      return base.MISSING
+    expected = schema_lib.EXAMPLE_LISTS[kind]
+    if list_kind != expected:
+      raise base.ValueProblem(f"feature {name!r} is a {list_kind}, but the schema says {kind} ({expected})")
+    if len(values) != count:
+      raise base.ValueProblem(f"feature {name!r} has {len(values)} values; the schema expects exactly {count}")
+    value = values[0] if count == 1 else values
+    if kind in ("string", "text"):
+      try:
+        value = value.decode("utf-8")
+      except UnicodeDecodeError:
+        raise base.ValueProblem(f"feature {name!r} is not UTF-8 text") from None
+    return value
+
+  def missing_problem(self, name: str, record: dict[str, Any], feature) -> str:
+    return (f"feature {name!r} is missing (the record has: {', '.join(sorted(record)) or 'none'}); it does "
+            "not match the schema" + ("" if feature is None else ", which gives it no default"))
 
   def tf_file_records(self, schema, source: base.Source):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
