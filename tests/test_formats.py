@@ -652,8 +652,9 @@ def test_multi_valued_numbers_in_tfrecord(tmp_path):
 def test_a_new_format_is_one_registered_class(tmp_path):
   """What the registry asks of a format, shown with one it has never seen (pipe-separated values): a class
   registered by `@base.register` is found by its extension and by its content (in its `sniff_order`, before CSV's
-  catch-all), described, read and counted in plain Python, and read by the trainer's input pipeline (its files'
-  records and one parse per batch, then the trainer's own checks and encoding); nothing else lists the formats."""
+  catch-all), described, read and counted in plain Python, its schema inferred and its records checked by
+  pre-flight, and read by the trainer's input pipeline (its files' records and one parse per batch, then the
+  trainer's own checks and encoding); nothing else lists the formats."""
   from trainer.data.formats import base  # pylint: disable=g-import-not-at-top
 
   class PipeSeparated(base.DataFormat):
@@ -670,6 +671,16 @@ def test_a_new_format_is_one_registered_class(tmp_path):
 
     def count(self, files, source):
       return sum(1 for path in files for _ in self.records(path, source, flag="count"))
+
+    def sampled(self, value):  # what schema inference observes: numbers where the text reads as one
+      return float(value) if formats.is_number(value) else value
+
+    def typed_value(self, name, value, *, kind, count, feature):  # what pre-flight checks
+      if kind in ("string", "text"):
+        return value
+      if not formats.is_number(value):
+        raise base.ValueProblem(f"column {name!r} holds {value!r}, not a number")
+      return float(value)
 
     def tf_file_records(self, schema, source):
       return lambda path: base.text_lines(path, source, skip=1)  # without the header
@@ -701,6 +712,19 @@ def test_a_new_format_is_one_registered_class(tmp_path):
     np.testing.assert_array_equal(features["tenure"], [3, 14])
     np.testing.assert_array_equal(features["plan"], [1, 2])  # vocabulary ids, as for every format
     np.testing.assert_array_equal(labels, [0, 1])
+    # Schema inference and pre-flight's record check ask the class too.
+    sample = tmp_path / "sample.psv"
+    sample.write_text("tenure|plan|churned\n" + "".join(f"{3 + i % 20}|{('basic', 'pro')[i % 2]}|{i % 2}\n"
+                                                        for i in range(40)))
+    inferred = schema_inference.infer_schema([str(sample)], source, schema_inference.InferenceConfig(label="churned"),
+                                             flag="--train_data", log=lambda _: None)
+    assert {f.name: f.type for f in inferred.features} == {"tenure": "float", "plan": "string"}
+    assert inferred.label.num_classes == 2
+    assert preflight.record_problem({"tenure": "3", "plan": "pro", "churned": "1"}, inferred, source) is None
+    assert preflight.record_problem({"tenure": "three", "plan": "pro", "churned": "1"}, inferred, source) == (
+        "column 'tenure' holds 'three', not a number")
+    assert preflight.record_problem({"tenure": "3", "plan": "pro", "churned": ""}, inferred, source) == (
+        "column 'churned' is empty")
   finally:
     del base.FORMATS["psv"]
   assert formats.resolve([str(unnamed)], requested="auto", vertex_format=None, flag="--train_data").format == "csv"

@@ -28,7 +28,7 @@ from trainer.core import paths
 from trainer.core import storage
 from trainer.core.errors import DataError
 from trainer.core.errors import UserError
-from trainer.data.formats import parquet
+from trainer.data import formats
 from trainer.distribute import cluster as cluster_lib
 from trainer.distribute import ownership
 from trainer.distribute import peers
@@ -74,7 +74,7 @@ def run(config: config_lib.Config, env: config_lib.Environment, *, dry_run: bool
     return {}
 
   inputs = preflight.check_inputs(config)
-  parquet.check_strategy(inputs.sources, parameter_server=plan.choice.parameter_server)
+  formats.check_strategy(inputs.sources, parameter_server=plan.choice.parameter_server)
   if role.is_chief:
     for flag, path in (("--model_dir", config.output.model_dir), ("--checkpoint_dir", config.output.checkpoint_dir),
                        ("--tensorboard_dir", config.output.tensorboard_dir)):

@@ -138,29 +138,20 @@ def infer_schema(files: list[str], source: formats.Source, config: InferenceConf
   """A validated `Schema` for `files`, inferred from a sample; `log` receives one line per decision, `warn` (else
   `log`) the decisions that leave a column out that a user may want in."""
   warn = warn or log
-  if source.format == "parquet":
-    from trainer.data.formats import parquet  # pylint: disable=g-import-not-at-top
-
-    parquet.check_files_agree(files, flag=flag)  # else a column typed otherwise in one file would be sampled as mixed
-    unreadable = {name: kind for name, kind in parquet.unreadable_columns(files[0], flag=flag).items()
-                  if name != config.label}
-    if unreadable:
-      name, kind = next(iter(unreadable.items()))
-      raise UserError(f"{flag}: {files[0]}: column {name!r} is Parquet type {kind}, which no schema type holds "
-                      f"({len(unreadable)} such column(s): {', '.join(unreadable)}); cast it to a number or string "
-                      "before writing (e.g. a timestamp to epoch seconds), or give a schema.json without it")
-  if source.format == "image_folder":
+  data_format = formats.FORMATS[source.format]
+  data_format.check_for_inference(files, label=config.label, flag=flag)
+  if data_format.files_are_records:
     return _image_folder_schema(files, config, flag=flag, log=log)
   records = sample_records(files, source, limit=config.sample_rows, flag=flag)
   names = list(source.columns) if source.columns else _names_in_order(records)
-  if source.format == "tfrecord":
-    names.sort()  # an Example's features are a map: no order of their own
+  if not data_format.columns_ordered:
+    names.sort()
   if config.label not in names:
     raise UserError(f"--label={config.label!r} is not a column of {files[0]} (columns: {', '.join(names)})")
   columns = {name: _Column(name) for name in names}
   for where, record in records:
     for name, column in columns.items():
-      _observe(column, record.get(name), where, source.format, flag=flag)
+      _observe(column, data_format.sampled(record.get(name)), where, flag=flag)
   log(f"schema inference: {len(records)} records sampled from {min(len(files), _MAX_FILES_READ)} of {len(files)} "
       f"file(s) ({source.describe()})")
   features = []
@@ -170,15 +161,15 @@ def infer_schema(files: list[str], source: formats.Source, config: InferenceConf
     if name.startswith(formats.VERTEX_METADATA_PREFIXES):
       log(f"schema inference: {name!r} left out: it describes the data item in Vertex's export, not its content")
       continue
-    feature = _feature(columns[name], source.format, config, log=log, warn=warn)
+    feature = _feature(columns[name], config, log=log, warn=warn)
     if feature is not None:
       features.append(feature)
   if not features:
     raise UserError(f"{flag}: schema inference found no usable feature besides the label {config.label!r} in "
                     f"{files[0]}")
-  label = _label(columns[config.label], source.format, config.task, flag=flag, log=log)
+  label = _label(columns[config.label], config.task, flag=flag, log=log)
   value = {"features": features, "label": label}
-  if source.format == "csv" and not source.header:
+  if source.columns and not source.header:  # a headerless CSV: the schema names its columns
     value["columns"] = list(source.columns)
   return schema_lib.parse_schema(value, source="(inferred)")
 
@@ -219,10 +210,10 @@ def _check_finite(column: _Column, values, where: str, *, flag: str) -> None:
                     "record or write the value as missing, or give the column's type in a schema.json")
 
 
-def _observe(column: _Column, value: Any, where: str, data_format: str, *, flag: str) -> None:
+def _observe(column: _Column, value: Any, where: str, *, flag: str) -> None:
   """Adds one value to what the column holds, and where each kind of value first appears (a message about a
   column that mixes kinds names the record where the second kind starts, not the first record)."""
-  _observe_value(column, value, where, data_format, flag=flag)
+  _observe_value(column, value, where, flag=flag)
   if len(column.kinds) > len(column.first_of_kind):
     for kind in column.kinds:
       column.first_of_kind.setdefault(kind, where)
@@ -242,11 +233,12 @@ _KIND_WORDS = {"number": "numbers", "text": "text", "text_list": "lists of class
                "bytes_list_multi": "lists of bytes", "other": "other values"}
 
 
-def _observe_value(column: _Column, value: Any, where: str, data_format: str, *, flag: str) -> None:
+def _observe_value(column: _Column, value: Any, where: str, *, flag: str) -> None:
+  """One value as its format samples it (`DataFormat.sampled`)."""
   if not column.where:
     column.where = where
-  if data_format == "tfrecord":
-    kind, values = value if value is not None else (None, [])
+  if isinstance(value, formats.ExampleValues):
+    kind, values = value.kind, value.values
     if not values:
       column.missing += 1
       column.first_missing = column.first_missing or where
@@ -268,16 +260,6 @@ def _observe_value(column: _Column, value: Any, where: str, data_format: str, *,
     column.first_missing = column.first_missing or where
     return
   column.present += 1
-  if data_format == "csv":
-    if formats.is_number(value):
-      _check_finite(column, [float(value)], where, flag=flag)  # "1e999" reads as inf
-      column.add_numbers([float(value)])
-    else:
-      column.strings[value] += 1
-      column.kinds["text"] += 1
-      column.first_text = column.first_text or (value, where)
-    return
-  # JSONL, Parquet (pyarrow's Python values)
   if isinstance(value, bytes):
     _observe_bytes(column, value)
   elif isinstance(value, bool):
@@ -427,14 +409,14 @@ def _png_problem(data: bytes, height: int, width: int) -> str | None:
   return None
 
 
-def _feature(column: _Column, data_format: str, config: InferenceConfig, *, log, warn) -> dict[str, Any] | None:
+def _feature(column: _Column, config: InferenceConfig, *, log, warn) -> dict[str, Any] | None:
   name, kinds = column.name, column.kinds
   if column.present == 0:
     log(f"schema inference: {name!r} left out: no value in the sample")
     return None
   dominant = kinds.most_common(1)[0][0]
   if len(kinds) > 1 and not set(kinds) <= {"number", "float_list", "int64_list"}:
-    if data_format in ("csv", "jsonl", "parquet") and set(kinds) <= {"number", "text"}:
+    if set(kinds) <= {"number", "text"}:  # values of no type of their own (CSV), or JSON's numbers and strings
       if kinds["number"] >= _NUMERIC_SHARE * (kinds["number"] + kinds["text"]):
         value, where = column.first_text
         raise UserError(f"column {name!r} holds numbers in {kinds['number']} of {column.present} sampled records "
@@ -445,7 +427,7 @@ def _feature(column: _Column, data_format: str, config: InferenceConfig, *, log,
       raise UserError(f"column {name!r} mixes {', '.join(sorted(kinds))} values ({_mixed_at(column)}); write a "
                       "schema.json (python -m trainer.schema_inference) that says which it is")
   if dominant in ("number", "float_list", "int64_list"):
-    return _numeric_feature(column, data_format, log=log)
+    return _numeric_feature(column, log=log)
   if dominant == "image":
     (height, width, channels, encoding), count = column.images.most_common(1)[0]
     sizes = {size[:3] for size in column.images}  # not the encoding: PNG and JPEG of one size are one size
@@ -462,7 +444,7 @@ def _feature(column: _Column, data_format: str, config: InferenceConfig, *, log,
                   "text, fixed-length number arrays or PNG/JPEG bytes")
 
 
-def _numeric_feature(column: _Column, data_format: str, *, log) -> dict[str, Any] | None:
+def _numeric_feature(column: _Column, *, log) -> dict[str, Any] | None:
   name = column.name
   if len(column.lengths) > 1:
     raise UserError(f"column {name!r} has {min(column.lengths)}..{max(column.lengths)} values per record "
@@ -474,7 +456,7 @@ def _numeric_feature(column: _Column, data_format: str, *, log) -> dict[str, Any
   if all(s < 1e-12 for s in stds):
     log(f"schema inference: {name!r} left out: it is constant in the sample")
     return None
-  kind = "int" if data_format == "tfrecord" and column.kinds["int64_list"] else "float"
+  kind = "int" if column.kinds["int64_list"] else "float"  # an Example's int64_list
   feature: dict[str, Any] = {"name": name, "type": kind}
   if size > 1:
     feature["shape"] = [size]
@@ -643,7 +625,7 @@ def _raw_image_feature(column: _Column) -> dict[str, Any]:
                   "image; give its shape in a schema.json")
 
 
-def _label(column: _Column, data_format: str, task: str, *, flag: str, log) -> dict[str, Any]:
+def _label(column: _Column, task: str, *, flag: str, log) -> dict[str, Any]:
   name = column.name
   if column.missing:
     unannotated = " (a data item without an annotation)" if name in formats.VERTEX_LABELS else ""
@@ -683,11 +665,11 @@ def _label(column: _Column, data_format: str, task: str, *, flag: str, log) -> d
     if not whole:
       raise UserError(f"--task=classification: label {name!r} holds values that are not whole numbers >= 0 "
                       f"({minimum:g}..{maximum:g}); class ids must be 0, 1, 2, ...")
-    if data_format == "tfrecord" and not column.kinds["int64_list"]:
+    if column.kinds["float_list"] and not column.kinds["int64_list"]:  # an Example's float_list
       raise UserError(f"{flag}: label {name!r} is a float_list; a classification label must be an int64_list "
                       "or text")
     return {"name": name, "type": "int", "num_classes": max(2, int(maximum) + 1)}
-  if data_format == "tfrecord" and column.kinds["int64_list"]:
+  if column.kinds["int64_list"]:
     raise UserError(f"{flag}: label {name!r} is an int64_list; a regression label must be a float_list "
                     "(or pass --task=classification)")
   count = column.lengths[1]

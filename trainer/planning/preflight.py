@@ -73,7 +73,7 @@ def check_inputs(config: config_lib.Config) -> Inputs:
                         ", ".join(left_out[:5]) + (", ..." if len(left_out) > 5 else ""))
     sources[split] = formats.resolve(files[split], requested=data_cfg.format, vertex_format=data_cfg.vertex_format,
                                      flag=flag)
-  if data_cfg.label is None and sources["train"].format == "image_folder":
+  if data_cfg.label is None and formats.FORMATS[sources["train"].format].files_are_records:
     data_cfg = dataclasses.replace(data_cfg, label=formats.IMAGE_FOLDER_LABEL)
     config = dataclasses.replace(config, data=data_cfg)
   if data_cfg.label is None:
@@ -82,18 +82,15 @@ def check_inputs(config: config_lib.Config) -> Inputs:
       logging.info("--train_data: Vertex's classification export: the label is %s", vertex_label)
       data_cfg = dataclasses.replace(data_cfg, label=vertex_label)
       config = dataclasses.replace(config, data=data_cfg)
-  if data_cfg.label in formats.VERTEX_LABELS and sources["train"].format == "jsonl" and not data_cfg.splits_from_vertex:
+  if (data_cfg.label in formats.VERTEX_LABELS and formats.FORMATS[sources["train"].format].splits_by_ml_use
+      and not data_cfg.splits_from_vertex):
     _split_by_ml_use(splits, files, sources, evaluate=config.train.eval_steps != 0)
   schema = _read_schema(config)
   for split, (flag, _) in splits.items():
     sources[split] = formats.settle(sources[split], files[split][0], schema, csv_columns=data_cfg.csv_columns,
                                     csv_multiline=data_cfg.csv_multiline, flag=flag)
-    if sources[split].format == "parquet" and (schema is not None or split != "train"):
-      # Footers only: a part written with other types is named before training (schema inference checks the
-      # training files itself, before it samples them).
-      from trainer.data.formats import parquet  # pylint: disable=g-import-not-at-top
-
-      parquet.check_files_agree(files[split], flag=flag)
+    if schema is not None or split != "train":  # schema inference checks the training files itself
+      formats.FORMATS[sources[split].format].check_split(files[split], flag=flag)
   origin = data_cfg.schema_path
   if schema is None:
     schema, origin = _infer_schema(config, files["train"], sources["train"])
@@ -251,7 +248,7 @@ def check_split(files: list[str], source: formats.Source, schema: schema_lib.Sch
   started = time.monotonic()
   checked, named = 0, []  # named: (path, where, column, uri) of each file a checked record names
   uri_features = [f for f in schema.features if f.uri]
-  if source.format == "image_folder":
+  if formats.FORMATS[source.format].files_are_records:
     step = max(1.0, len(files) / budget)
     chosen = [files[int(i * step)] for i in range(min(budget, len(files)))]
     for path in chosen:
@@ -286,9 +283,9 @@ def check_split(files: list[str], source: formats.Source, schema: schema_lib.Sch
   problem = _named_files_problem(named, schema, source, flag=flag)
   if problem:
     raise UserError(problem)
+  named_files = named and not formats.FORMATS[source.format].files_are_records
   logging.info("%s: pre-flight checked %d record(s)%s in %.1f s (--preflight_records=%d per split)", flag, checked,
-               f" and {len(named)} file(s) they name" if named and source.format != "image_folder" else "",
-               time.monotonic() - started, budget)
+               f" and {len(named)} file(s) they name" if named_files else "", time.monotonic() - started, budget)
 
 
 def _named_files_problem(named: list[tuple[str, str, str, str]], schema: schema_lib.Schema, source: formats.Source,
@@ -303,7 +300,7 @@ def _named_files_problem(named: list[tuple[str, str, str, str]], schema: schema_
     problems = pool.map(lambda item: file_problem(item[3], schema.feature(item[2])), named)
     for (path, where, column, uri), problem in zip(named, problems):
       if problem:
-        if source.format == "image_folder":
+        if formats.FORMATS[source.format].files_are_records:
           return f"{flag}: {uri} {problem}"
         return f"{flag}: {path} {where}: column {column!r} names {uri}, which {problem}"
   return None
@@ -450,7 +447,7 @@ def find_bad_record(inputs: Inputs, *, splits: tuple[str, ...] = ("train", "eval
         for where, record in formats.iter_records(path, source, flag=flag):
           problem = record_problem(record, inputs.schema, source)
           if problem:
-            return f"{flag}: {path}{'' if source.format == 'image_folder' else ' ' + where}: {problem}"
+            return f"{flag}: {path}{'' if formats.FORMATS[source.format].files_are_records else ' ' + where}: {problem}"
           for feature in uri_features:
             value = record.get(feature.name)
             if isinstance(value, tuple):
@@ -459,7 +456,7 @@ def find_bad_record(inputs: Inputs, *, splits: tuple[str, ...] = ("train", "eval
               value = value.decode("utf-8", errors="replace")
             problem = file_problem(value, feature) if isinstance(value, str) and value.strip() else None
             if problem:
-              if source.format == "image_folder":
+              if formats.FORMATS[source.format].files_are_records:
                 return f"{flag}: {value} {problem}"
               return f"{flag}: {path} {where}: column {feature.name!r} names {value}, which {problem}"
           if time.monotonic() > deadline:

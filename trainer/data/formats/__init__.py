@@ -4,9 +4,11 @@ Each format is one module of this package with one `base.DataFormat` subclass re
 tfrecord, csv, jsonl, parquet, image_folder. The package imports every module in it, so a new format (Avro,
 BigQuery) is one new file for everything here: detection, description, settling a split's source from its first
 file, records in plain Python, counting, the schema check, and the TF input pipeline's raw batches and their
-parse (`input_pipeline` asks the class), and a record's values in the trainer's value model (`present_value`,
-`typed_value`: what pre-flight checks and the Example writer writes). Schema inference's value reading and
-pre-flight's handling of class folders and Vertex exports still tell formats apart by name (issue 38, point 2).
+parse (`input_pipeline` asks the class), a record's values in the trainer's value model (`present_value`,
+`typed_value`: what pre-flight checks and the Example writer writes), what schema inference observes
+(`sampled`, `check_for_inference`), a split's own check (`check_split`), whether parameter-server workers can
+read it, and the class attributes pre-flight and inference read (`files_are_records` for class folders,
+`splits_by_ml_use` for Vertex's exports, `columns_ordered`). Nothing in the trainer compares format names now.
 
 `--data_format=auto` (the default) resolves in this order: a listing one format claims as a whole
 (image files in class folders), Vertex's `AIP_DATA_FORMAT` (a managed-dataset job), the file extension
@@ -23,6 +25,7 @@ import pkgutil
 from trainer.core.errors import UserError
 from trainer.data.formats import base
 from trainer.data.formats.base import BLANK_LINE  # pylint: disable=unused-import  (the package's API)
+from trainer.data.formats.base import ExampleValues  # pylint: disable=unused-import
 from trainer.data.formats.base import FIELD_COUNT  # pylint: disable=unused-import
 from trainer.data.formats.base import MISSING  # pylint: disable=unused-import
 from trainer.data.formats.base import non_finite_problem  # pylint: disable=unused-import
@@ -128,6 +131,15 @@ def iter_records(path: str, source: Source, *, flag: str):
 def count_records(files: list[str], source: Source) -> int:
   """Records in `files` (one pass; used to turn --epochs into steps)."""
   return FORMATS[source.format].count(files, source)
+
+
+def check_strategy(sources: dict[str, Source], *, parameter_server: bool) -> None:
+  """Refuses a format the strategy cannot read (under parameter servers, one read by Python)."""
+  if parameter_server:
+    for source in sources.values():
+      problem = FORMATS[source.format].parameter_server_problem()
+      if problem:
+        raise UserError(problem)
 
 
 def check_schema(schema, source: Source, files: list[str], *, flag: str) -> None:

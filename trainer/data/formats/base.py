@@ -67,6 +67,14 @@ def non_finite_problem(what: str, name: str, value: Any, feature) -> str:
   return f"{what} {name!r} holds {value!r}, {features_lib.NON_FINITE}; {instead}"
 
 
+@dataclasses.dataclass(frozen=True)
+class ExampleValues:
+  """One feature of a tf.train.Example as schema inference observes it: its list kind and values."""
+
+  kind: str | None  # "float_list" | "int64_list" | "bytes_list" | None (an empty feature)
+  values: list
+
+
 def python_value(name: str, value: Any, *, kind: str, count: int, ints_as_text: bool = False) -> Any:
   """A JSON or pyarrow value as the value model holds `kind`: a list of `count` numbers, a str (an int too where
   `ints_as_text`: a column of ids read as strings), or a number."""
@@ -122,6 +130,11 @@ class DataFormat:
   sniff_order: int | None = None  # where `sniff` runs among the formats (lower first); None: never by content
   holds_label_lists: bool = False  # a record can hold a list of class names (a multi-label label)
   value_word: str = "column"  # how messages name one value of a record ("feature" in TFRecord)
+  columns_ordered: bool = True  # a record's columns have an order of their own (an Example's map has none)
+  # Each file is one record and its folder the label (images in class folders): the label is implied, pre-flight
+  # samples files, messages name the file alone, and schema inference reads the listing.
+  files_are_records: bool = False
+  splits_by_ml_use: bool = False  # a Vertex export of every split in one file: its lines' ml_use labels split it
 
   def claims_listing(self, files: list[str]) -> bool:
     """Whether the listed files as a whole are this format (image folders: every file an image)."""
@@ -163,6 +176,26 @@ class DataFormat:
     """The clause for a MISSING value the schema gives no default (`feature` None: the label)."""
     del record
     return f"{self.value_word} {name!r} is empty" + ("" if feature is None else " and the schema gives it no default")
+
+  def sampled(self, value: Any) -> Any:
+    """A value as schema inference observes it: None (absent), a str, a number, bytes, a list, a dict (JSON), or
+    `ExampleValues` (TFRecord's typed lists). Default: the value as `records` yields it (JSON, pyarrow)."""
+    return value
+
+  def check_split(self, files: list[str], *, flag: str) -> None:
+    """Refuses one split's files that cannot be read alike (Parquet: parts whose column types differ), before
+    training; cheap (Parquet reads footers only)."""
+    del files, flag
+
+  def parameter_server_problem(self) -> str | None:
+    """Why ParameterServerStrategy cannot read this format (its workers run the input pipeline as a graph,
+    without Python), or None."""
+    return None
+
+  def check_for_inference(self, files: list[str], *, label: str | None, flag: str) -> None:
+    """Refuses, before sampling, files schema inference cannot read alike (Parquet: files whose column types
+    differ, a column no schema type holds)."""
+    del files, label, flag
 
   def typed_value(self, name: str, value: Any, *, kind: str, count: int, feature) -> Any:
     """A present value as the trainer's value model holds a `kind`: str (string, text), a number or a list of

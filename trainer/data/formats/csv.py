@@ -71,6 +71,10 @@ class CsvFormat(base.DataFormat):
     """Every field is text: an empty one is missing whatever its kind (decode_csv's default fills it)."""
     return base.MISSING if value is None or value == "" else value
 
+  def sampled(self, value: Any) -> Any:
+    """A field that reads as a number is one ("1e999" too: inference refuses its infinity); the rest is text."""
+    return float(value) if isinstance(value, str) and is_number(value) else value
+
   def typed_value(self, name: str, value: Any, *, kind: str, count: int, feature) -> Any:
     """Text stays text; a number column's field must read as a finite number."""
     if kind in ("string", "text"):

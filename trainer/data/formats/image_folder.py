@@ -13,6 +13,7 @@ class ImageFolderFormat(base.DataFormat):
   name = "image_folder"
   display_name = "images in class folders"
   flag_value = False  # only ever detected (--data_format=auto)
+  files_are_records = True
 
   def claims_listing(self, files: list[str]) -> bool:
     return all(is_image_file(path) for path in files)

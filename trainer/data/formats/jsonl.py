@@ -24,6 +24,7 @@ class JsonlFormat(base.DataFormat):
   vertex_names = ("jsonl",)
   sniff_order = 30  # text that starts with "{"
   holds_label_lists = True  # Vertex's multi-label export, or a JSON array of names
+  splits_by_ml_use = True  # Vertex's classification export
 
   def sniff(self, path: str, compression: str, *, flag: str) -> bool:
     text = base.text_head(path, compression, flag=flag).lstrip()

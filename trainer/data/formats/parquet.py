@@ -4,7 +4,7 @@ TensorFlow has no Parquet reader of its own (tensorflow-io's is not built for cu
 pipeline is a `tf.data.Dataset.from_generator` over pyarrow's record batches: Python reads whole column chunks
 (no Python per value for numbers; strings become one NumPy array per batch) and hands TensorFlow batches of the
 size the step takes. That needs Python in the process that runs the dataset, which every strategy has except
-ParameterServerStrategy, whose workers run the dataset function without Python (`check_strategy` refuses it).
+ParameterServerStrategy, whose workers run the dataset function without Python (`parameter_server_problem`).
 
 pyarrow is imported only when Parquet is read (the `parquet` extra: `pip install '.[parquet]'`); nothing else needs it.
 """
@@ -50,6 +50,24 @@ class ParquetFormat(base.DataFormat):
     check_types(files[0], schema, flag=flag)
 
   converts_to_examples = True
+
+  def check_split(self, files: list[str], *, flag: str) -> None:
+    check_files_agree(files, flag=flag)
+
+  def parameter_server_problem(self) -> str | None:
+    return ("Parquet cannot be read under ParameterServerStrategy: its workers run the input pipeline without "
+            "Python, and TensorFlow has no Parquet op. Convert the files to TFRecord, CSV or JSONL (e.g. pandas: "
+            "pd.read_parquet(path).to_csv(...)), or train under a synchronous strategy (one machine, or chief + "
+            "workers without parameter servers)")
+
+  def check_for_inference(self, files: list[str], *, label: str | None, flag: str) -> None:
+    check_files_agree(files, flag=flag)  # else a column typed otherwise in one file would be sampled as mixed
+    unreadable = {name: kind for name, kind in unreadable_columns(files[0], flag=flag).items() if name != label}
+    if unreadable:
+      name, kind = next(iter(unreadable.items()))
+      raise UserError(f"{flag}: {files[0]}: column {name!r} is Parquet type {kind}, which no schema type holds "
+                      f"({len(unreadable)} such column(s): {', '.join(unreadable)}); cast it to a number or string "
+                      "before writing (e.g. a timestamp to epoch seconds), or give a schema.json without it")
 
   def typed_value(self, name: str, value: Any, *, kind: str, count: int, feature) -> Any:
     """pyarrow's Python values: an image is binary; an int column may be read as strings (ids)."""
@@ -404,12 +422,3 @@ def strings_from_buffers(batch: dict, schema: schema_lib.Schema) -> dict:
     else:
       columns[name] = batch[name]
   return columns
-
-
-def check_strategy(sources: dict, *, parameter_server: bool) -> None:
-  """Parquet is read by Python in the process that runs the dataset: not on parameter-server workers."""
-  if parameter_server and any(source.format == "parquet" for source in sources.values()):
-    raise UserError("Parquet cannot be read under ParameterServerStrategy: its workers run the input pipeline "
-                    "without Python, and TensorFlow has no Parquet op. Convert the files to TFRecord, CSV or JSONL "
-                    "(e.g. pandas: pd.read_parquet(path).to_csv(...)), or train under a synchronous strategy "
-                    "(one machine, or chief + workers without parameter servers)")

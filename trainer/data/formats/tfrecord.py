@@ -20,6 +20,7 @@ class TFRecordFormat(base.DataFormat):
   vertex_names = ("tf-record", "tfrecord")
   sniff_order = 20  # after Parquet's magic: a file whose first record reads as one
   value_word = "feature"
+  columns_ordered = False  # an Example's features are a map
 
   def sniff(self, path: str, compression: str, *, flag: str) -> bool:
     return _first_tfrecord(path, compression) is not None
@@ -51,6 +52,9 @@ class TFRecordFormat(base.DataFormat):
       except UnicodeDecodeError:
         raise base.ValueProblem(f"feature {name!r} is not UTF-8 text") from None
     return value
+
+  def sampled(self, value: Any) -> Any:
+    return base.ExampleValues(*value) if value is not None else base.ExampleValues(None, [])
 
   def missing_problem(self, name: str, record: dict[str, Any], feature) -> str:
     return (f"feature {name!r} is missing (the record has: {', '.join(sorted(record)) or 'none'}); it does "
