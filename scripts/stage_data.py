@@ -76,7 +76,7 @@ def _records(sources: list[str], source: formats.Source, schema: schema_lib.Sche
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   for path in sources:
-    if source.format == "tfrecord":
+    if formats.FORMATS[source.format].holds_examples:
       try:
         for record in tf.data.TFRecordDataset(path, compression_type=source.compression).as_numpy_iterator():
           yield record
@@ -104,7 +104,7 @@ def convert_files(sources: list[str], schema: schema_lib.Schema, out_dir: str, *
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   source = source or _resolve(sources)
-  if schema.label.multi_label and source.format != "tfrecord":
+  if schema.label.multi_label and not formats.FORMATS[source.format].holds_examples:
     raise StageError(f"--source: the label {schema.label.name!r} is multi-label (a list of class names per record), "
                      "which the trainer reads from JSONL only: train on the JSONL files themselves (copy them to "
                      "the bucket as they are)")
@@ -126,7 +126,7 @@ def convert_files(sources: list[str], schema: schema_lib.Schema, out_dir: str, *
 def _resolve(sources: list[str]) -> formats.Source:
   """The files' format and compression, as the trainer resolves --train_data (extension, then content)."""
   source = formats.resolve(sources, requested="auto", vertex_format=None, flag="--source")
-  if source.format == "image_folder":
+  if formats.FORMATS[source.format].files_are_records:
     raise StageError(f"--source: {sources[0]} and the other files are images; the trainer reads image files in "
                      "class folders as they are: copy the folders to the bucket (gcloud storage cp -r)")
   return source
@@ -180,7 +180,7 @@ def _infer_schema(sources: list[str], source: formats.Source, label: str, task: 
   from trainer.data import inference as schema_inference  # pylint: disable=g-import-not-at-top
 
   source = formats.settle(source, sources[0], flag="--source")
-  if source.format == "csv" and not source.header:
+  if source.columns and not source.header:  # a headerless CSV
     raise StageError(f"--source: {sources[0]} has no header row, so --label cannot name a column; pass --schema "
                      "(its 'columns' name every field; without them its features and label are the fields in order)")
   return schema_inference.infer_schema(sources, source, schema_inference.InferenceConfig(label=label, task=task),

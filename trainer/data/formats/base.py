@@ -205,6 +205,7 @@ class DataFormat:
     return value
 
   converts_to_examples: bool = False  # `examples.from_file` writes its records as tf.train.Examples (stage_data)
+  holds_examples: bool = False  # its records are serialized tf.train.Examples already (staged as they are)
 
   def settled(self, source: Source, first_file: str, schema, *, csv_columns: tuple[str, ...] | None = None,
               csv_multiline: bool | None = None, flag: str) -> Source:

@@ -21,6 +21,7 @@ class TFRecordFormat(base.DataFormat):
   sniff_order = 20  # after Parquet's magic: a file whose first record reads as one
   value_word = "feature"
   columns_ordered = False  # an Example's features are a map
+  holds_examples = True
 
   def sniff(self, path: str, compression: str, *, flag: str) -> bool:
     return _first_tfrecord(path, compression) is not None
