@@ -136,6 +136,9 @@ def run(args) -> int:
       _check_study(study, probe[0].args, site=staged.site)  # a plug-in model from --extra_package, installed now
     for warning in config.warnings:  # printed once every check has passed: a bad input stays one error line
       print(f"warning: {warning}", file=sys.stderr)
+    scheduling = _scheduling_note(spec.get("scheduling") or {})
+    if scheduling:
+      print(scheduling, flush=True)
     kind = (f"container {pools[0]['containerSpec']['imageUri']} as {' '.join(command)} (trainer from {staged.uri})"
             if containers else f"package {staged.uri}")
     if study is not None:
@@ -202,6 +205,19 @@ def run_job(args, spec: dict, staged: Staged, *, job_id: str, job_dir: str, pree
                       preemptions=preemptions, grace_secs=args.preempt_grace_secs, restart_job=restart_job,
                       stop=stop)
   return replicas, outcome
+
+
+def _scheduling_note(scheduling: dict) -> str | None:
+  """What Vertex's scheduling strategy would do that a local run does not (said, not silently ignored)."""
+  strategy = scheduling.get("strategy")
+  if strategy == "FLEX_START":
+    wait = scheduling.get("maxWaitDuration")
+    return ("scheduling.strategy FLEX_START: Vertex would queue the job for its machines"
+            f"{f' for up to {wait}' if wait else ''} (Dynamic Workload Scheduler); here it starts at once")
+  if strategy == "SPOT":
+    return ("scheduling.strategy SPOT: Vertex may preempt any replica; here none is unless --preempt says so "
+            "(e.g. --preempt=workerpool1-0@step=20)")
+  return None
 
 
 def _replica_count(spec: dict) -> int:

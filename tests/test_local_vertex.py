@@ -93,6 +93,8 @@ def _run(tmp_path, *args):
     # Each worker's 2 "GPUs" are 2 logical CPU devices, each a replica, as on Vertex: 2 workers x 2.
     ("multi_worker_gpu.yaml", ["--replica_count=1=1"], "MultiWorkerMirroredStrategy", 4),
     ("parameter_server.yaml", ["--replica_count=1=1"], "ParameterServerStrategy", 1),
+    # One 8 x H200 host under Dynamic Workload Scheduler: 8 logical devices, one replica each; no queue here.
+    ("h200_flex_start.yaml", [], "MirroredStrategy", 8),
 ])
 def test_local_run_end_to_end(staged, tmp_path, capsys, config, extra, strategy, replicas):
   code, job_dir = _run(tmp_path, f"--config=cloud_configs/{config}", "--run_id=" + config.split(".")[0], *extra,
@@ -105,6 +107,8 @@ def test_local_run_end_to_end(staged, tmp_path, capsys, config, extra, strategy,
   assert "from TF_CONFIG" in chief_log
   assert f"from {job_dir}/site/trainer\n" in chief_log  # the package installed from the bucket ran
   assert re.search(r"replica\(s\), container \S+/vertex-tf-trainer/trainer:\S+ as python3 -m trainer.task", out)
+  flex_start = "scheduling.strategy FLEX_START: Vertex would queue the job for its machines for up to"
+  assert (flex_start in out) == (config == "h200_flex_start.yaml"), out
 
 
 def test_crashing_replica_fails_the_job_quickly(staged, gcs, tmp_path):

@@ -140,6 +140,17 @@ def test_an_unknown_machine_family_is_a_warning_for_vertex_to_judge(tmp_path):
                      "NVIDIA_GB200 on it")
 
 
+def _refused_before_anything_is_built(path, capsys) -> str:
+  """Submits `path` against a captured Vertex: exit 2, no request sent, nothing built or staged; its stderr."""
+  before = _list("")
+  with fake_vertex.running() as fake:
+    assert submit.main([f"--config={path}", "--project=p", "--bucket=test-bucket",
+                        f"--api_endpoint={fake.endpoint}"]) == 2
+    assert not fake.requests
+  assert _list("") == before
+  return capsys.readouterr().err
+
+
 def test_an_arm_host_is_refused_the_x86_trainer_image_before_anything_is_built(tmp_path, gcs, capsys):
   """GB200 (A4X) hosts are NVIDIA Grace, Arm: the Dockerfile's x86-64 image would fail there with "exec format
   error" after the job waited for its machines. The config validates; submitting it with the default image is
@@ -148,16 +159,10 @@ def test_an_arm_host_is_refused_the_x86_trainer_image_before_anything_is_built(t
   path.write_text(GOOD.replace("{machineType: n1-standard-4}",
                                "{machineType: a4x-highgpu-4g, acceleratorType: NVIDIA_GB200, acceleratorCount: 4}"))
   assert vertex_config.load(str(path), VALUES).warnings == ()
-  before = _list("")
-  with fake_vertex.running() as fake:
-    assert submit.main([f"--config={path}", "--project=p", "--bucket=test-bucket",
-                        f"--api_endpoint={fake.endpoint}"]) == 2
-    assert not fake.requests
-  err = capsys.readouterr().err
+  err = _refused_before_anything_is_built(path, capsys)
   assert err.startswith(f"error: {path}: workerPoolSpecs[0] runs on a4x-highgpu-4g, an Arm (aarch64) host; the "
                         "trainer image (Dockerfile, FROM tensorflow/tensorflow:2.21.x-gpu) is built for x86-64")
   assert "--trainer_image=" in err and err.count("\n") == 1
-  assert _list("") == before  # nothing built or staged
   own = "us-central1-docker.pkg.dev/p/images/trainer-arm64:1"
   assert submit.main([f"--config={path}", "--project=p", "--bucket=test-bucket", f"--trainer_image={own}",
                       "--dry_run", f"--rendered_config={tmp_path / 'rendered.yaml'}"]) == 0
@@ -188,18 +193,12 @@ def test_a_prebuilt_training_image_past_its_end_of_availability_is_refused(tmp_p
   assert vertex_config.load(str(path), VALUES, today=datetime.date(2026, 7, 11)).warnings == (
       f"{path}: workerPoolSpecs[0].pythonPackageSpec.executorImageUri: tf-gpu.2-17.py310:latest (TF 2.17) reaches its "
       "end of availability on 2026-07-11; move to the trainer image (containerSpec, ${TRAINER_IMAGE})",)
-  before = _list("")
-  with fake_vertex.running() as fake:
-    assert submit.main([f"--config={path}", "--project=p", "--bucket=test-bucket",
-                        f"--api_endpoint={fake.endpoint}"]) == 2
-    assert not fake.requests
-  err = capsys.readouterr().err
+  err = _refused_before_anything_is_built(path, capsys)
   assert err == (f"error: {path}: workerPoolSpecs[0].pythonPackageSpec.executorImageUri: tf-gpu.2-17.py310:latest "
                  "(TF 2.17) reached its end of availability on 2026-07-11 (Vertex AI's supported-frameworks page, read "
                  "2026-12-06) and Vertex no longer runs it; run the trainer image instead: a containerSpec with imageUri "
                  "${TRAINER_IMAGE}, as every config in cloud_configs/ has (python -m scripts.submit builds it from the "
                  "Dockerfile)\n")
-  assert _list("") == before  # nothing built or staged
 
 
 def test_every_shipped_config_runs_the_trainer_image():
