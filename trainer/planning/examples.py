@@ -36,9 +36,6 @@ def serialize(values: Mapping[str, Any], schema: schema_lib.Schema) -> bytes:
   return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
-# The formats whose records `record_values` types: TFRecord files already hold Examples (staging copies them).
-
-
 def record_values(record: Mapping[str, Any], schema: schema_lib.Schema, source: formats.Source) -> dict[str, Any]:
   """The values `serialize` writes for one record as `formats.iter_records` yields it (CSV, JSONL or Parquet) once
   `preflight.record_problem` has accepted it: typed as the schema says, and each missing value the feature's
