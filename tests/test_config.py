@@ -1,12 +1,17 @@
 """Flags -> validated config, with the error messages pinned."""
 
+import ast
+import dataclasses
 import json
+import os
 
 import pytest
 from absl import flags
 
+import procs
 from trainer import flags as trainer_flags
 from trainer.core import config as config_lib
+from trainer.core import options as options_lib
 from trainer.core.errors import UserError
 from trainer.distribute import plan as plan_lib
 
@@ -111,3 +116,45 @@ def test_bad_combinations(parse, args, env, keras, message):
 def test_fit_under_multi_worker_allowed_with_legacy_keras(parse):
   plan = _plan(parse, "--loop=fit", env={"TF_CONFIG": MULTI}, keras="2.21.0")
   assert plan.choice.class_name == "MultiWorkerMirroredStrategy"
+
+
+def test_each_flag_is_one_declared_option():
+  """Every trainer flag comes from one declaration (a config field's `option`), and no module of the trainer
+  defines a flag by hand but the one function that turns declarations into flags (and a plug-in's HPARAMS)."""
+  values = flags.FlagValues()
+  trainer_flags.define_flags(values)
+  declared = [entry.flag for config_class in trainer_flags.OPTION_CLASSES
+              for entry in options_lib.declared(config_class)]
+  assert sorted(declared) == sorted(values) and len(set(declared)) == len(declared)
+  defining = set()
+  for directory, _, files in os.walk(os.path.join(procs.REPO, "trainer")):
+    for name in files:
+      if name.endswith(".py"):
+        path = os.path.join(directory, name)
+        tree = ast.parse(open(path).read(), path)
+        for function in ast.walk(tree):
+          if isinstance(function, ast.FunctionDef) and any(
+              isinstance(node, ast.Attribute) and node.attr.startswith("DEFINE")
+              and isinstance(node.value, ast.Name) and node.value.id == "flags" for node in ast.walk(function)):
+            defining.add(f"{os.path.relpath(path, procs.REPO)}:{function.name}")
+  assert defining == {"trainer/flags.py:define_option", "trainer/core/hparams.py:define"}
+
+
+def test_a_new_option_is_one_field():
+  """What adding an option takes: one field. Its flag (with the whole-number parser a tuning trial needs), its
+  typed value and its check all come from the declaration."""
+
+  @dataclasses.dataclass(frozen=True)
+  class Extra:
+    prefetch_batches: int = options_lib.option(4, "Batches read ahead.", accepts=options_lib.POSITIVE)
+    warm_start: tuple[int, ...] | None = options_lib.option(None, "Steps to warm start at.")
+
+  values = flags.FlagValues()
+  for entry in options_lib.declared(Extra):
+    trainer_flags.define_option(entry, {}, values)
+  values(["task", "--prefetch_batches=8.0", "--warm_start=10, 20"])
+  extra = Extra(**trainer_flags.option_values(Extra, values))
+  assert extra == Extra(prefetch_batches=8, warm_start=(10, 20)) and "Batches read ahead." in values.get_help()
+  options_lib.check(extra)
+  with pytest.raises(UserError, match=r"^--prefetch_batches must be a positive integer, got 0$"):
+    options_lib.check(Extra(prefetch_batches=0))

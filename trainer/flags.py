@@ -1,4 +1,5 @@
-"""Command-line flags, all defined in one function, and their conversion into a typed `Config`.
+"""Command-line flags, one per option declared in `trainer/core/config.py` (and `CommandOptions` here), and their
+conversion into a typed `Config`.
 
 Flags are all optional at definition; `config_from_flags` decides what is required, because several have
 defaults that come from Vertex AI's environment (AIP_MODEL_DIR, AIP_TRAINING_DATA_URI, ...).
@@ -6,6 +7,7 @@ defaults that come from Vertex AI's environment (AIP_MODEL_DIR, AIP_TRAINING_DAT
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -13,8 +15,10 @@ from absl import flags
 
 from trainer.core import config as config_lib
 from trainer.core import hparams as hparams_lib
+from trainer.core import options as options_lib
 from trainer.core import paths
 from trainer.core.errors import UserError
+from trainer.core.options import option
 from trainer.data import formats
 from trainer.data import schema as schema_lib
 from trainer.modeling import model_registry
@@ -36,140 +40,78 @@ class _WholeNumberParser(flags.IntegerParser):
         raise error from None  # not a whole number: absl's own message
 
 
-def _define_integer(name: str, default: int | None, help_text: str, *, flag_values: flags.FlagValues) -> None:
-  flags.DEFINE(_WholeNumberParser(), name, default, help_text, flag_values=flag_values,
-               serializer=flags.ArgumentSerializer())
+@dataclasses.dataclass(frozen=True)
+class CommandOptions:
+  """The options of the command itself rather than of the config it builds (declared like the config's)."""
+
+  output_dir: str | None = option(None, "Base output dir: model/, checkpoints/ and logs/ under it, as Vertex's "
+                                  "baseOutputDirectory.")
+  hparams: str = option("{}", "JSON object of extra hyperparameters passed to a plug-in build_fn.")
+  dry_run: bool = option(False, "Print the resolved role, strategy and config as one JSON object and exit without "
+                         "training.")
+  log_format: str = option("auto", "Log lines: json (one object per line with severity, message, task_type and "
+                           "task_index, as Cloud Logging parses them), text (absl's lines, a progress bar on a "
+                           "terminal); auto: json on Vertex ($CLOUD_ML_JOB_ID set, stderr not a terminal), else text.",
+                           choices=("auto", "json", "text"))
+
+
+# Where the flags come from, in --help's order of topics.
+OPTION_CLASSES = (config_lib.DataConfig, config_lib.ModelConfig, config_lib.TrainConfig,
+                      config_lib.DistributionConfig, config_lib.OutputConfig, CommandOptions)
+
+
+def _lists() -> dict[str, tuple[str, ...]]:
+  """The value lists that layers above `trainer.core` own, which declarations name (`Option.choices`, {name} in a
+  help text)."""
+  return {"data_formats": ("auto", *formats.FLAG_VALUES), "metrics": tuple(objective_lib.HIGHER_IS_BETTER)}
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """Defines every trainer flag on `flag_values`. Call once, before absl parses argv."""
-  fv = {"flag_values": flag_values}
-  # Data.
-  flags.DEFINE_string("train_data", None, "Training file pattern (local, gs:// or /gcs/). "
-                      "Default: $AIP_TRAINING_DATA_URI.", **fv)
-  flags.DEFINE_string("eval_data", None, "Evaluation file pattern. Default: $AIP_VALIDATION_DATA_URI; "
-                      "none skips evaluation.", **fv)
-  flags.DEFINE_string("test_data", None, "Test file pattern, evaluated once after training (exactly one pass) and "
-                      "reported as test_* beside the eval_* metrics. Default: $AIP_TEST_DATA_URI.", **fv)
-  flags.DEFINE_enum("data_format", "auto", ("auto", *formats.FLAG_VALUES), "Format of the data files; auto: from "
-                    "$AIP_DATA_FORMAT, else the file extension, else the content. Compression (gzip, zlib) is read "
-                    "from the files.", **fv)
-  flags.DEFINE_string("schema", None, "Feature schema: schema.json, or a TFX/TFDV schema.pbtxt (with --label). "
-                      "Default: schema.json beside the training files, else one inferred from the data "
-                      "(needs --label).", **fv)
-  flags.DEFINE_string("label", None, "The label column: with no schema file, the schema is inferred from a "
-                      "sample of the training data.", **fv)
-  flags.DEFINE_enum("task", "auto", config_lib.TASKS, "Schema inference: classification or regression "
-                    "(auto: text or few whole-number labels -> classification).", **fv)
-  flags.DEFINE_list("csv_columns", None, "Names of every CSV column in order, for CSV files without a header "
-                    "row (or use the schema's 'columns').", **fv)
-  flags.DEFINE_boolean("csv_multiline", None, "CSV whose quoted fields hold line breaks: read with CsvDataset, "
-                       "which follows quotes across lines (slower than the line reader). Default: on when the "
-                       "first 64 KiB of a split's first file has one.", **fv)
-  _define_integer("infer_sample_rows", 100_000, "Records read to infer the schema (deterministic: the same "
-                  "on every worker).", **fv)
-  _define_integer("preflight_records", 2_000, "Records of each split (train, eval, test) checked in plain Python "
-                  "before training, against the schema's types and the training classes, every image file a record "
-                  "names decoded-checked too: all of a split that holds at most this many, else an even sample of "
-                  "this many (a bad value past it is found when training reads it; the checkpoints are kept).", **fv)
-  _define_integer("shuffle_buffer", 10_000, "Examples shuffled together: consecutive parsed batches holding at "
-                  "least this many (and at least 2 batches) are pooled and their rows permuted; file order is "
-                  "reshuffled every epoch (0: no shuffle).", **fv)
-  _define_integer("uri_cache_mb", 1024, "Megabytes of the files that image or text columns name by URI (gs://, "
-                  "/gcs/, local) kept in memory after their first read, per input pipeline: later epochs read them "
-                  "from memory instead of one Cloud Storage request per file (0: read every time).", **fv)
-  flags.DEFINE_boolean("deterministic_input", False, "Read examples in the same order every run (seeded "
-                       "shuffle, ordered interleave): reproducible weights, slightly slower input. Not under "
-                       "parameter servers (asynchronous: refused there).", **fv)
-  # Model.
-  flags.DEFINE_string("model", "tabular", "Built-in model (tabular, cnn, or a pretrained backbone: "
-                      "mobilenet_v3_small, mobilenet_v3_large, efficientnet_b0, efficientnet_b3, efficientnet_v2_b0, "
-                      "resnet50, resnet50_v2) or 'package.module:build_fn'.", **fv)
-  flags.DEFINE_list("hidden_units", ["64", "32"], "Hidden layer sizes of the built-in models.", **fv)
-  flags.DEFINE_float("dropout", 0.0, "Dropout rate of the built-in models (before the output layer of a backbone "
-                     "model; the Keras transfer-learning guide uses 0.2).", **fv)
-  flags.DEFINE_string("backbone_weights", None, "Backbone models (--model=mobilenet_v3_small, efficientnet_b0, "
-                      "resnet50, ...): the backbone's weights, a file (local, /gcs/ or gs://; .weights.h5, or the .h5 "
-                      "Keras Applications download), imagenet (Keras downloads them; the default) or none.", **fv)
-  _define_integer("fine_tune_at_step", None, "Backbone models: the step from which the backbone learns too (before "
-                  "it, only the new head; default half of the run; 0: from the start).", **fv)
-  flags.DEFINE_float("fine_tune_learning_rate_factor", None, "Backbone models: the learning rate is multiplied by "
-                     "this from --fine_tune_at_step on (default 0.01).", **fv)
-  flags.DEFINE_string("hparams", "{}", "JSON object of extra hyperparameters passed to a plug-in build_fn.", **fv)
-  # Training.
-  _define_integer("global_batch_size", 256, "Examples per step across all replicas.", **fv)
-  _define_integer("train_steps", None, "Optimizer steps to run (default 1000 unless --epochs is given).", **fv)
-  _define_integer("epochs", None, "Passes over the training data (instead of --train_steps).", **fv)
-  flags.DEFINE_float("learning_rate", 1e-3, "Learning rate.", **fv)
-  flags.DEFINE_enum("optimizer", "adam", config_lib.OPTIMIZERS, "Optimizer.", **fv)
-  flags.DEFINE_enum("lr_schedule", "constant", config_lib.LR_SCHEDULES, "Learning-rate schedule over the run "
-                    "after --warmup_steps: constant, or cosine/linear/exponential decay from --learning_rate to "
-                    "--lr_decay_to of it at the final step.", **fv)
-  _define_integer("warmup_steps", 0, "Steps of linear warmup from 0 to --learning_rate.", **fv)
-  flags.DEFINE_float("lr_decay_to", None, "Fraction of --learning_rate reached at the final step (default 0 for "
-                     "cosine and linear, 0.01 for exponential).", **fv)
-  flags.DEFINE_float("weight_decay", None, "Decoupled weight decay (default 0.004 with --optimizer=adamw, none "
-                     "otherwise).", **fv)
-  flags.DEFINE_float("clip_norm", None, "Clip the gradient (summed over all replicas) to this global norm.", **fv)
-  flags.DEFINE_string("class_weights", None, "Classification: 'balanced' (weights from the training data's class "
-                      "counts) or a JSON object {class: weight} (class ids, or names for a string label).", **fv)
-  _define_integer("eval_every_steps", None, "Evaluate on --eval_data every N steps during training "
-                  "(TensorBoard and the hypertune file get each).", **fv)
-  flags.DEFINE_string("early_stopping_metric", None, "Stop when this eval metric "
-                      f"({', '.join(objective_lib.HIGHER_IS_BETTER)}) has not improved for --early_stopping_patience "
-                      "evaluations.", **fv)
-  _define_integer("early_stopping_patience", None, "Evaluations without improvement before stopping "
-                  "(default 3 with --early_stopping_metric; given alone, the eval loss is watched).", **fv)
-  flags.DEFINE_enum("export", "last", config_lib.EXPORTS, "Export the weights of the last step, or of the best "
-                    "periodic evaluation (by --early_stopping_metric, else loss).", **fv)
-  flags.DEFINE_enum("precision", "float32", config_lib.PRECISIONS, "Compute dtype policy: mixed_float16 (GPUs; "
-                    "loss scaling), mixed_bfloat16 (TPUs, recent GPUs). Variables and the export stay float32.",
-                    **fv)
-  flags.DEFINE_boolean("jit_compile", False, "Compile the training step with XLA (custom loop: the "
-                       "forward and backward pass; fit: Keras' whole step, refused over several CPU replicas).", **fv)
-  flags.DEFINE_enum("loop", "custom", config_lib.LOOPS, "custom: tf.function step with strategy.run; "
-                    "fit: Keras model.fit inside strategy.scope().", **fv)
-  flags.DEFINE_boolean("run_eagerly", False, "Run the training step eagerly (debugging); still distributed.", **fv)
-  _define_integer("seed", 42, "Random seed for weights and shuffling (under parameter servers, weights only: each worker "
-                  "shuffles with its own seed).", **fv)
-  _define_integer("steps_per_loop", 50, "Steps run inside one tf.function call (custom loop), at most per "
-                  "closure scheduled on a worker (parameter servers), or per Keras execution (fit; lowered "
-                  "so executions end on every checkpoint, log line, evaluation and the final step, and 1 under "
-                  "Keras 3 with several replicas, where Keras cannot run more per call).", **fv)
-  _define_integer("log_every_steps", 50, "Steps between progress lines and TensorBoard scalars.", **fv)
-  _define_integer("checkpoint_every_steps", 200, "Steps between checkpoints.", **fv)
-  flags.DEFINE_float("checkpoint_every_secs", None, "Also checkpoint when this many seconds passed since the last "
-                     "one, at the end of the chunk that passes it: --steps_per_loop steps (custom loop), one Keras "
-                     "execution (fit), or one Keras epoch of fit under parameter servers (the greatest common "
-                     "divisor of the checkpoint, log and evaluation periods).", **fv)
-  _define_integer("eval_steps", None, "Evaluation batches (default: one pass over --eval_data; 0 skips).", **fv)
-  # Distribution.
-  flags.DEFINE_enum("strategy", "auto", config_lib.STRATEGIES, "tf.distribute strategy; auto picks it from "
-                    "the cluster (TF_CONFIG / CLUSTER_SPEC) and the devices.", **fv)
-  _define_integer("num_cpu_devices", 1, "Split the CPU into this many logical devices (to run "
-                  "MirroredStrategy replicas without GPUs).", **fv)
-  flags.DEFINE_boolean("reduction_server", False, "Vertex pool 2 runs a Reduction Server, not parameter "
-                       "servers: train with MultiWorkerMirroredStrategy over chief and workers.", **fv)
-  flags.DEFINE_string("tpu", None, "TPU name or 'local'. Default: $TPU_NAME.", **fv)
-  flags.DEFINE_float("peer_timeout_secs", 900, "Multi-process jobs: end with one line naming the missing "
-                     "replicas when peers have not joined, or a training chunk has not completed, for this many "
-                     "seconds (Vertex starts a job's replicas minutes apart at most).", **fv)
-  # Outputs.
-  flags.DEFINE_string("output_dir", None, "Base output dir: model/, checkpoints/ and logs/ under it, as "
-                      "Vertex's baseOutputDirectory.", **fv)
-  flags.DEFINE_string("model_dir", None, "SavedModel export dir. Default: $AIP_MODEL_DIR or <output_dir>/model.", **fv)
-  flags.DEFINE_string("checkpoint_dir", None, "Checkpoint dir. Default: $AIP_CHECKPOINT_DIR or "
-                      "<output_dir>/checkpoints.", **fv)
-  flags.DEFINE_string("tensorboard_dir", None, "TensorBoard dir. Default: $AIP_TENSORBOARD_LOG_DIR or "
-                      "<output_dir>/logs.", **fv)
-  flags.DEFINE_string("hypertune_metric", None, "Report this eval metric (e.g. accuracy, loss) to Vertex "
-                      "hyperparameter tuning through the hypertune metrics file.", **fv)
-  flags.DEFINE_boolean("dry_run", False, "Print the resolved role, strategy and config as one JSON object "
-                       "and exit without training.", **fv)
-  flags.DEFINE_enum("log_format", "auto", ("auto", "json", "text"), "Log lines: json (one object per line with "
-                    "severity, message, task_type and task_index, as Cloud Logging parses them), text (absl's lines, "
-                    "a progress bar on a terminal); auto: json on Vertex ($CLOUD_ML_JOB_ID set, stderr not a "
-                    "terminal), else text.", **fv)
+  """Defines every trainer flag on `flag_values`, one per declared option. Call once, before absl parses argv."""
+  lists = _lists()
+  for config_class in OPTION_CLASSES:
+    for entry in options_lib.declared(config_class):
+      define_option(entry, lists, flag_values)
+
+
+def define_option(entry: options_lib.Declared, lists: dict[str, tuple[str, ...]],
+                  flag_values: flags.FlagValues) -> None:
+  """The absl flag of one declared option (its parser from the field's type)."""
+  help_text = entry.option.help
+  for name, names in lists.items():
+    help_text = help_text.replace("{" + name + "}", ", ".join(names))
+  kwargs = {"flag_values": flag_values}
+  choices = entry.option.choices
+  if isinstance(choices, str):
+    choices = lists[choices]
+  if entry.kind is bool:
+    flags.DEFINE_boolean(entry.flag, entry.default, help_text, **kwargs)
+  elif entry.kind is int:
+    flags.DEFINE(_WholeNumberParser(), entry.flag, entry.default, help_text, serializer=flags.ArgumentSerializer(),
+                 **kwargs)
+  elif entry.kind is float:
+    flags.DEFINE_float(entry.flag, entry.default, help_text, **kwargs)
+  elif entry.kind is tuple:
+    default = [str(item) for item in entry.default] if entry.default is not None else None
+    flags.DEFINE_list(entry.flag, default, help_text, **kwargs)
+  elif choices:
+    flags.DEFINE_enum(entry.flag, entry.default, choices, help_text, **kwargs)
+  else:
+    flags.DEFINE_string(entry.flag, entry.default, help_text, **kwargs)
+
+
+def option_values(config_class: type, values: flags.FlagValues) -> dict[str, Any]:
+  """The config class's option fields, each its flag's value in the field's type."""
+  fields = {}
+  for entry in options_lib.declared(config_class):
+    value = values[entry.flag].value
+    if entry.kind is tuple and value is not None:
+      try:
+        value = tuple(entry.item_kind(item.strip()) for item in value)
+      except ValueError:
+        raise UserError(f"--{entry.flag} must be a comma-separated list of integers, got {value}") from None
+    fields[entry.field] = value
+  return fields
 
 
 def config_from_flags(values: flags.FlagValues, env: config_lib.Environment, *,
@@ -194,76 +136,31 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment, *,
   tensorboard_dir = _pick_dir("--tensorboard_dir", values.tensorboard_dir, env.aip_tensorboard_log_dir,
                               output_dir, "logs")
 
-  train_steps = values.train_steps
-  if train_steps is None and values.epochs is None:
-    train_steps = 1000
-  try:
-    hidden_units = tuple(int(u) for u in values.hidden_units)
-  except ValueError:
-    raise UserError(f"--hidden_units must be a comma-separated list of integers, got {values.hidden_units}") from None
-
+  # Each config class from its options' flags, then what is resolved from several flags and the environment.
+  model = option_values(config_lib.ModelConfig, values)
+  train = option_values(config_lib.TrainConfig, values)
+  if train["train_steps"] is None and train["epochs"] is None:
+    train["train_steps"] = 1000
   config = config_lib.Config(
-      data=config_lib.DataConfig(
-          train_pattern=train_pattern,
-          eval_pattern=eval_pattern,
-          test_pattern=test_pattern,
-          schema_path=paths.normalize_path(schema_path),
-          format=values.data_format,
-          shuffle_buffer=values.shuffle_buffer,
-          uri_cache_mb=values.uri_cache_mb,
-          deterministic=values.deterministic_input,
-          schema_given=bool(values.schema),
-          vertex_format=vertex_format,
-          splits_from_vertex=not values.train_data,
-          label=values.label,
-          task=values.task,
-          csv_columns=tuple(c.strip() for c in values.csv_columns) if values.csv_columns else None,
-          csv_multiline=values.csv_multiline,
-          infer_sample_rows=values.infer_sample_rows,
-          preflight_records=values.preflight_records,
-      ),
-      model=config_lib.ModelConfig(name=values.model, hidden_units=hidden_units, dropout=values.dropout,
-                                   backbone_weights=(paths.normalize_path(values.backbone_weights)
-                                                     if values.backbone_weights else None),
-                                   fine_tune_at_step=values.fine_tune_at_step,
-                                   fine_tune_learning_rate_factor=values.fine_tune_learning_rate_factor),
-      train=config_lib.TrainConfig(
-          global_batch_size=values.global_batch_size,
-          train_steps=train_steps,
-          epochs=values.epochs,
-          learning_rate=values.learning_rate,
-          optimizer=values.optimizer,
-          loop=values.loop,
-          run_eagerly=values.run_eagerly,
-          seed=values.seed,
-          steps_per_loop=values.steps_per_loop,
-          log_every_steps=values.log_every_steps,
-          checkpoint_every_steps=values.checkpoint_every_steps,
-          checkpoint_every_secs=values.checkpoint_every_secs,
-          eval_steps=values.eval_steps,
-          hypertune_metric=values.hypertune_metric,
-          lr_schedule=values.lr_schedule,
-          warmup_steps=values.warmup_steps,
-          lr_decay_to=values.lr_decay_to,
-          weight_decay=values.weight_decay,
-          clip_norm=values.clip_norm,
-          class_weights=values.class_weights,
-          eval_every_steps=values.eval_every_steps,
+      data=config_lib.DataConfig(**{
+          **option_values(config_lib.DataConfig, values),
+          "train_pattern": train_pattern, "eval_pattern": eval_pattern, "test_pattern": test_pattern,
+          "schema_path": paths.normalize_path(schema_path), "schema_given": bool(values.schema),
+          "vertex_format": vertex_format, "splits_from_vertex": not values.train_data}),
+      model=config_lib.ModelConfig(**{
+          **model, "backbone_weights": paths.normalize_path(model["backbone_weights"])
+          if model["backbone_weights"] else None}),
+      train=config_lib.TrainConfig(**{
+          **train,
           # --early_stopping_patience alone watches the eval loss.
-          early_stopping_metric=values.early_stopping_metric or (
-              "loss" if values.early_stopping_patience is not None else None),
-          early_stopping_patience=(values.early_stopping_patience if values.early_stopping_patience is not None
-                                   or values.early_stopping_metric is None else 3),
-          export=values.export,
-          precision=values.precision,
-          jit_compile=values.jit_compile,
-      ),
+          "early_stopping_metric": train["early_stopping_metric"] or (
+              "loss" if train["early_stopping_patience"] is not None else None),
+          "early_stopping_patience": (train["early_stopping_patience"] if train["early_stopping_patience"] is not None
+                                      or train["early_stopping_metric"] is None else 3)}),
       output=config_lib.OutputConfig(model_dir=model_dir, checkpoint_dir=checkpoint_dir,
                                      tensorboard_dir=tensorboard_dir),
-      distribution=config_lib.DistributionConfig(
-          strategy=values.strategy, num_cpu_devices=values.num_cpu_devices, tpu=values.tpu or env.tpu_name,
-          peer_timeout_secs=values.peer_timeout_secs,
-          reduction_server=values.reduction_server),
+      distribution=config_lib.DistributionConfig(**{
+          **option_values(config_lib.DistributionConfig, values), "tpu": values.tpu or env.tpu_name}),
       hparams=(hparams_lib.values(values, model=values.model, hparams_json=_parse_hparams(values.hparams))
                if check_model else _parse_hparams(values.hparams)),
   )

@@ -24,13 +24,15 @@ from typing import Any, Mapping, Sequence
 
 from absl import flags
 
+from trainer.core import config
+from trainer.core import options
 from trainer.core.errors import first_line
 from trainer.core.errors import UserError
 
 DECLARATION = "HPARAMS"
-# The trainer's flags that only the built-in models read (`models.build_tabular`, `models.build_cnn`).
-BUILT_IN_MODEL_FLAGS = ("hidden_units", "dropout", "backbone_weights", "fine_tune_at_step",
-                        "fine_tune_learning_rate_factor")
+# The trainer's flags that only the built-in models read (`models.build_tabular`, `models.build_cnn`): every
+# option of the model's config but --model itself.
+BUILT_IN_MODEL_FLAGS = tuple(entry.flag for entry in options.declared(config.ModelConfig) if entry.field != "name")
 _TYPES = {bool: "a bool (true/false)", int: "an int", float: "a float", str: "a string"}
 
 
