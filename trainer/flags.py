@@ -21,6 +21,7 @@ from trainer.core.errors import UserError
 from trainer.core.options import option
 from trainer.data import formats
 from trainer.data import schema as schema_lib
+from trainer.distribute import strategy as strategy_lib
 from trainer.modeling import model_registry
 from trainer.modeling import objective as objective_lib
 
@@ -63,7 +64,8 @@ OPTION_CLASSES = (config_lib.DataConfig, config_lib.ModelConfig, config_lib.Trai
 def _lists() -> dict[str, tuple[str, ...]]:
   """The value lists that layers above `trainer.core` own, which declarations name (`Option.choices`, {name} in a
   help text)."""
-  return {"data_formats": ("auto", *formats.FLAG_VALUES), "metrics": tuple(objective_lib.HIGHER_IS_BETTER)}
+  return {"data_formats": ("auto", *formats.FLAG_VALUES), "strategies": ("auto", *strategy_lib.STRATEGIES),
+          "metrics": tuple(objective_lib.HIGHER_IS_BETTER)}
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:

@@ -107,7 +107,7 @@ def _peers_may_vanish(plan: plan_lib.Plan, where: str):
   """Under MultiWorkerMirroredStrategy a collective fails when a peer is gone (its chief preempted during the
   final evaluation): this replica then stops as a preempted peer (`preemption.PeerLost`, exit 143), not with a
   traceback. Parameter-server chiefs name a lost server themselves (`ps_source`); one process has no peers."""
-  if plan.choice.name != "multi_worker_mirrored":
+  if not plan.choice.kind.lockstep_peers:
     yield
     return
   import tensorflow as tf  # pylint: disable=g-import-not-at-top

@@ -18,7 +18,6 @@ from trainer.core.options import option
 from trainer.core.options import POSITIVE
 from trainer.core import options as options_lib
 
-STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker_mirrored", "parameter_server", "tpu")
 LOOPS = ("custom", "fit")
 TASKS = ("auto", "classification", "regression")
 OPTIMIZERS = ("adam", "adamw", "sgd", "adagrad", "rmsprop")
@@ -217,7 +216,7 @@ class OutputConfig:
 @dataclasses.dataclass(frozen=True)
 class DistributionConfig:
   strategy: str = option("auto", "tf.distribute strategy; auto picks it from the cluster (TF_CONFIG / CLUSTER_SPEC) "
-                         "and the devices.", choices=STRATEGIES)
+                         "and the devices.", choices="strategies")
   num_cpu_devices: int = option(1, "Split the CPU into this many logical devices (to run MirroredStrategy replicas "
                                 "without GPUs).", accepts=POSITIVE)
   tpu: str | None = option(None, "TPU name or 'local'. Default: $TPU_NAME.")

@@ -48,13 +48,7 @@ class Plan:
 
 def replicas(plan: Plan) -> int:
   """Replicas that share one global batch step."""
-  name = plan.choice.name
-  if name == "multi_worker_mirrored":
-    # Each worker's GPUs, or its logical CPU devices (strategy.py makes them count, as a worker's GPUs do).
-    return plan.role.num_workers * plan.devices.local_replicas
-  if name in ("mirrored", "parameter_server"):
-    return plan.devices.local_replicas
-  return 1
+  return plan.choice.kind.replicas(plan.role, plan.devices)
 
 
 def make_plan(config: config_lib.Config, env: config_lib.Environment, *, num_gpus: int,
@@ -72,9 +66,9 @@ def make_plan(config: config_lib.Config, env: config_lib.Environment, *, num_gpu
   if train.global_batch_size % num_replicas:
     raise UserError(f"--global_batch_size={train.global_batch_size} is not divisible by the {num_replicas} "
                     f"replicas of {choice.class_name}; use a multiple of {num_replicas}")
-  if train.loop == "fit" and choice.multi_process and keras_version.startswith("3."):
-    issue = "keras-team/keras#20585" if choice.name == "multi_worker_mirrored" else "keras-team/keras#18624"
-    raise UserError(f"--loop=fit does not work under {choice.class_name} with Keras {keras_version} ({issue}); "
+  if train.loop == "fit" and choice.kind.keras3_fit_issue and keras_version.startswith("3."):
+    raise UserError(f"--loop=fit does not work under {choice.class_name} with Keras {keras_version} "
+                    f"({choice.kind.keras3_fit_issue}); "
                     "use --loop=custom, or install tf_keras and set TF_USE_LEGACY_KERAS=1")
   if train.jit_compile and train.loop == "fit" and num_replicas > 1 and not devices.num_gpus:
     # Keras compiles its whole step, the cross-device update included; over CPU devices XLA fails with "Trying to

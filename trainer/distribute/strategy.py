@@ -8,19 +8,10 @@ must run before any other TensorFlow op (collective ops and logical devices are 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Callable
 
 from trainer.core.errors import UserError
 from trainer.distribute import cluster as cluster_lib
-
-# Flag value -> the tf.distribute class name reported by --dry_run.
-CLASS_NAMES = {
-    "default": "default",
-    "one_device": "OneDeviceStrategy",
-    "mirrored": "MirroredStrategy",
-    "multi_worker_mirrored": "MultiWorkerMirroredStrategy",
-    "parameter_server": "ParameterServerStrategy",
-    "tpu": "TPUStrategy",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,23 +29,120 @@ class Devices:
 
 
 @dataclasses.dataclass(frozen=True)
+class Strategy:
+  """One strategy the trainer builds: a row of `STRATEGIES`. What the rest of the trainer needs to know of a
+  strategy is asked of its row, never of its name."""
+
+  name: str  # --strategy's value
+  class_name: str  # the tf.distribute class, as --dry_run reports it
+  build: Callable[[cluster_lib.ClusterRole, Devices], Any]  # must run before any other TensorFlow op
+  replicas: Callable[[cluster_lib.ClusterRole, Devices], int]  # replicas that share one global batch step
+  # --strategy may name it for one process (no cluster) although auto would pick another.
+  one_process: bool = False
+  multi_process: bool = False  # replicas in more than one process: the loop's collectives or schedules span them
+  # Training is coordinated by the chief and runs on workers (ClusterCoordinator), not in lockstep.
+  parameter_server: bool = False
+  # Every worker runs each step's collectives in lockstep: a decision made on one process (save now) must be
+  # agreed by all, and a lost peer fails the others' next collective.
+  lockstep_peers: bool = False
+  # Keras 3's model.fit under it: the issue that says why it fails (None: it works).
+  keras3_fit_issue: str | None = None
+
+
+def _build_default(role, devices):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  return tf.distribute.get_strategy()
+
+
+def _build_one_device(role, devices):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  return tf.distribute.OneDeviceStrategy("/gpu:0" if devices.num_gpus else "/cpu:0")
+
+
+def _build_mirrored(role, devices):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  if devices.num_gpus:
+    return tf.distribute.MirroredStrategy()
+  return tf.distribute.MirroredStrategy(devices=[d.name for d in tf.config.list_logical_devices("CPU")])
+
+
+def _build_multi_worker_mirrored(role, devices):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  resolver = cluster_resolver(role) if role.cluster else None
+  if devices.num_cpu_devices > 1 and not devices.num_gpus:
+    return _logical_cpu_multi_worker_strategy(resolver, communication_options(devices), devices.num_cpu_devices)
+  return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
+                                                  communication_options=communication_options(devices))
+
+
+def _build_parameter_server(role, devices):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  return tf.distribute.experimental.ParameterServerStrategy(cluster_resolver(role))
+
+
+def _build_tpu(role, devices):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu="" if devices.tpu == "local" else devices.tpu)
+  tf.config.experimental_connect_to_cluster(resolver)
+  tf.tpu.experimental.initialize_tpu_system(resolver)
+  return tf.distribute.TPUStrategy(resolver)
+
+
+def _one_replica(role, devices):
+  return 1
+
+
+def _local_replicas(role, devices):
+  return devices.local_replicas
+
+
+def _every_workers_replicas(role, devices):
+  # Each worker's GPUs, or its logical CPU devices (`_logical_cpu_multi_worker_strategy` makes them count, as a
+  # worker's GPUs do).
+  return role.num_workers * devices.local_replicas
+
+
+STRATEGIES: dict[str, Strategy] = {row.name: row for row in (
+    Strategy("default", "default", _build_default, _one_replica, one_process=True),
+    Strategy("one_device", "OneDeviceStrategy", _build_one_device, _one_replica, one_process=True),
+    Strategy("mirrored", "MirroredStrategy", _build_mirrored, _local_replicas, one_process=True),
+    Strategy("multi_worker_mirrored", "MultiWorkerMirroredStrategy", _build_multi_worker_mirrored,
+             _every_workers_replicas, one_process=True, multi_process=True, lockstep_peers=True,
+             keras3_fit_issue="keras-team/keras#20585"),
+    Strategy("parameter_server", "ParameterServerStrategy", _build_parameter_server, _local_replicas,
+             multi_process=True, parameter_server=True, keras3_fit_issue="keras-team/keras#18624"),
+    # A TPU's cores are not counted here (TPUStrategy knows them once built): --global_batch_size is not checked
+    # against them.
+    Strategy("tpu", "TPUStrategy", _build_tpu, _one_replica),
+)}
+
+
+@dataclasses.dataclass(frozen=True)
 class StrategyChoice:
-  name: str  # a key of CLASS_NAMES
+  name: str  # a key of STRATEGIES
   reason: str
 
   @property
+  def kind(self) -> Strategy:
+    return STRATEGIES[self.name]
+
+  @property
   def class_name(self) -> str:
-    return CLASS_NAMES[self.name]
+    return self.kind.class_name
 
   @property
   def parameter_server(self) -> bool:
-    """Training is coordinated by the chief and runs on workers (ClusterCoordinator), not in lockstep."""
-    return self.name == "parameter_server"
+    return self.kind.parameter_server
 
   @property
   def multi_process(self) -> bool:
-    """Replicas in more than one process: the loop's collectives or schedules span the cluster."""
-    return self.name in ("multi_worker_mirrored", "parameter_server")
+    return self.kind.multi_process
 
 
 def choose_strategy(role: cluster_lib.ClusterRole, requested: str, devices: Devices) -> StrategyChoice:
@@ -62,14 +150,13 @@ def choose_strategy(role: cluster_lib.ClusterRole, requested: str, devices: Devi
   auto = _auto_choice(role, devices)
   if requested == "auto":
     return auto
-  if requested not in CLASS_NAMES:
-    raise UserError(f"--strategy={requested!r} is not a strategy; expected one of auto, {', '.join(CLASS_NAMES)}")
+  if requested not in STRATEGIES:
+    raise UserError(f"--strategy={requested!r} is not a strategy; expected one of auto, {', '.join(STRATEGIES)}")
   if requested == auto.name:
     return StrategyChoice(requested, "requested with --strategy; " + auto.reason)
   # Explicit choices that the cluster allows although auto would pick something else.
   single_process = not role.is_multi_worker and not role.num_ps
-  if single_process and requested in ("default", "one_device", "mirrored", "multi_worker_mirrored") \
-      and role.task_type != cluster_lib.EVALUATOR:
+  if single_process and STRATEGIES[requested].one_process and role.task_type != cluster_lib.EVALUATOR:
     if requested == "one_device" and devices.local_replicas < 1:
       raise UserError("--strategy=one_device needs a device")
     return StrategyChoice(requested, f"requested with --strategy ({devices.local_replicas} local device(s), "
@@ -120,32 +207,7 @@ def configure_devices(num_cpu_devices: int) -> Devices:
 
 def build_strategy(choice: StrategyChoice, role: cluster_lib.ClusterRole, devices: Devices):
   """Builds the strategy object. For parameter-server jobs call only on the chief (the coordinator)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  if choice.name == "default":
-    return tf.distribute.get_strategy()
-  if choice.name == "one_device":
-    return tf.distribute.OneDeviceStrategy("/gpu:0" if devices.num_gpus else "/cpu:0")
-  if choice.name == "mirrored":
-    if devices.num_gpus:
-      return tf.distribute.MirroredStrategy()
-    cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
-    return tf.distribute.MirroredStrategy(devices=cpus)
-  if choice.name == "multi_worker_mirrored":
-    resolver = cluster_resolver(role) if role.cluster else None
-    if devices.num_cpu_devices > 1 and not devices.num_gpus:
-      return _logical_cpu_multi_worker_strategy(resolver, communication_options(devices), devices.num_cpu_devices)
-    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
-                                                    communication_options=communication_options(devices))
-  if choice.name == "parameter_server":
-    return tf.distribute.experimental.ParameterServerStrategy(cluster_resolver(role))
-  if choice.name == "tpu":
-    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
-        tpu="" if devices.tpu == "local" else devices.tpu)
-    tf.config.experimental_connect_to_cluster(resolver)
-    tf.tpu.experimental.initialize_tpu_system(resolver)
-    return tf.distribute.TPUStrategy(resolver)
-  raise AssertionError(f"unhandled strategy {choice.name}")
+  return choice.kind.build(role, devices)
 
 
 def _logical_cpu_multi_worker_strategy(resolver, options, num_cpu_devices: int):

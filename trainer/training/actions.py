@@ -123,7 +123,7 @@ def agreement(job: Job) -> loop_lib.Agreement | None:
   variables is written by all of them), but a clock (--checkpoint_every_secs) or a SIGTERM decides on one
   process. So after every chunk the workers all-reduce their due flags: one small collective per chunk, next
   to the chunk's own per-step all-reduces. Other strategies run the loop in one process: nothing to agree."""
-  if job.choice.name != "multi_worker_mirrored":
+  if not job.choice.kind.lockstep_peers:
     return None
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
