@@ -271,13 +271,9 @@ def check_split(files: list[str], source: formats.Source, schema: schema_lib.Sch
         if problem:
           raise UserError(f"{flag}: {path} {where}: {problem}")
         for feature in uri_features:
-          value = record.get(feature.name)
-          if isinstance(value, tuple):  # an Example's (kind, values)
-            value = value[1][0] if value[1] else None
-          if isinstance(value, bytes):
-            value = value.decode("utf-8", errors="replace")
-          if isinstance(value, str) and value.strip():
-            named.append((path, where, feature.name, value))
+          uri = named_uri(record, feature, source)
+          if uri:
+            named.append((path, where, feature.name, uri))
         taken += 1
         checked += 1
   problem = _named_files_problem(named, schema, source, flag=flag)
@@ -321,6 +317,15 @@ def file_problem(uri: str, feature: schema_lib.Feature) -> str | None:
     problem = schema_inference.image_problem(data)
     return f"is {problem}" if problem else None
   return None
+
+
+def named_uri(record: dict[str, Any], feature: schema_lib.Feature, source: formats.Source) -> str | None:
+  """The file a `uri` feature names in a record that `record_problem` passed, or None where it names none."""
+  value = formats.FORMATS[source.format].present_value(feature.name, record.get(feature.name), kind=feature.type,
+                                                       count=1, record=record)
+  if isinstance(value, bytes):
+    value = value.decode("utf-8", errors="replace")
+  return value if isinstance(value, str) and value.strip() else None
 
 
 def record_problem(record: dict[str, Any], schema: schema_lib.Schema, source: formats.Source) -> str | None:
@@ -449,12 +454,8 @@ def find_bad_record(inputs: Inputs, *, splits: tuple[str, ...] = ("train", "eval
           if problem:
             return f"{flag}: {path}{'' if formats.FORMATS[source.format].files_are_records else ' ' + where}: {problem}"
           for feature in uri_features:
-            value = record.get(feature.name)
-            if isinstance(value, tuple):
-              value = value[1][0] if value[1] else None
-            if isinstance(value, bytes):
-              value = value.decode("utf-8", errors="replace")
-            problem = file_problem(value, feature) if isinstance(value, str) and value.strip() else None
+            value = named_uri(record, feature, source)
+            problem = file_problem(value, feature) if value else None
             if problem:
               if formats.FORMATS[source.format].files_are_records:
                 return f"{flag}: {value} {problem}"

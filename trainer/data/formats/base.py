@@ -135,6 +135,8 @@ class DataFormat:
   # samples files, messages name the file alone, and schema inference reads the listing.
   files_are_records: bool = False
   splits_by_ml_use: bool = False  # a Vertex export of every split in one file: its lines' ml_use labels split it
+  converts_to_examples: bool = False  # `examples.from_file` writes its records as tf.train.Examples (stage_data)
+  holds_examples: bool = False  # its records are serialized tf.train.Examples already (staged as they are)
 
   def claims_listing(self, files: list[str]) -> bool:
     """Whether the listed files as a whole are this format (image folders: every file an image)."""
@@ -204,9 +206,6 @@ class DataFormat:
     del name, kind, count, feature
     return value
 
-  converts_to_examples: bool = False  # `examples.from_file` writes its records as tf.train.Examples (stage_data)
-  holds_examples: bool = False  # its records are serialized tf.train.Examples already (staged as they are)
-
   def settled(self, source: Source, first_file: str, schema, *, csv_columns: tuple[str, ...] | None = None,
               csv_multiline: bool | None = None, flag: str) -> Source:
     """The split's source once its first file is read (CSV: its columns and header). `schema` is None before
@@ -237,8 +236,7 @@ class DataFormat:
         deterministic=plan.deterministic or plan.shard_records or not plan.training)
     if plan.shard_records:
       ds = ds.shard(plan.num_pipelines, plan.pipeline_id)
-    return ds.batch(plan.batch_size, drop_remainder=plan.training, num_parallel_calls=tf.data.AUTOTUNE,
-                    deterministic=plan.deterministic or not plan.training)
+    return batched(ds, plan)
 
   def tf_file_records(self, schema, source: Source) -> Callable:
     """path -> a `tf.data.Dataset` of that file's records (the default `tf_batches` interleaves these)."""
@@ -406,3 +404,12 @@ def count_text_lines(files: list[str], source: Source, *, skip: int = 0, keep=No
   if keep is not None:
     ds = ds.filter(keep)
   return int(ds.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+
+
+def batched(records, plan: ReadPlan):
+  """One pipeline's records in batches of the plan's size: whole batches when training (every replica steps alike);
+  in file order where the plan must be reproducible or is evaluating."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  return records.batch(plan.batch_size, drop_remainder=plan.training, num_parallel_calls=tf.data.AUTOTUNE,
+                       deterministic=plan.deterministic or not plan.training)

@@ -38,8 +38,7 @@ class ImageFolderFormat(base.DataFormat):
       ds = ds.shuffle(len(files), seed=plan.seed, reshuffle_each_iteration=True)
     if plan.repeat:
       ds = ds.repeat()
-    return ds.batch(plan.batch_size, drop_remainder=plan.training, num_parallel_calls=tf.data.AUTOTUNE,
-                    deterministic=plan.deterministic or not plan.training)
+    return base.batched(ds, plan)
 
   def tf_batch_parser(self, schema, source: base.Source):
     return lambda columns: base.split_label(columns, schema)
