@@ -12,6 +12,13 @@ from scripts import loopback  # pylint: disable=wrong-import-position
 for _name, _value in {**loopback.LOOPBACK_ENV, "TF_CPP_MIN_LOG_LEVEL": "2"}.items():
   os.environ.setdefault(_name, _value)
 
+# In-process runs read gs:// as a trainer process does: TensorFlow takes its gs:// read-ahead block and retry bound
+# from the environment once, when it loads, so they are set here, before anything imports it (`task.py` does the
+# same in its own process).
+from trainer.core import storage as _storage  # pylint: disable=wrong-import-position
+
+_storage.configure_gcs(os.environ)
+
 # In-process loop tests run MirroredStrategy over 2 logical CPUs. The split must happen before any TensorFlow op
 # in this process, so it happens here, with the trainer's own function; the default strategy still uses one.
 IN_PROCESS_CPU_DEVICES = 2

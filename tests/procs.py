@@ -52,6 +52,31 @@ def run_trainer_in_process(args: Sequence[str], *, env: Mapping[str, str] | None
   return task.run_command(["trainer.task", *args], {**SAFE_ENV, **(env or {})}, flag_values=values)
 
 
+def run_trainer_here(args: Sequence[str], *, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+  """`run_trainer` in this process (no TensorFlow import to pay for: 5 s of CPU a process here), for cases where
+  no process boundary is the point: the exit code and stderr as the command's process would show them (its
+  `error:` line and its log lines, absl's INFO ones included). Its own collective keys, as every in-process run."""
+  import io  # pylint: disable=g-import-not-at-top
+  import logging  # pylint: disable=g-import-not-at-top
+
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+
+  buffer = io.StringIO()
+  handler = logging.StreamHandler(buffer)
+  handler.setFormatter(logging.Formatter("%(levelname).1s %(message)s"))
+  absl_logger = absl_logging.get_absl_logger()
+  saved_level = absl_logger.level
+  absl_logger.addHandler(handler)
+  absl_logger.setLevel(logging.INFO)
+  try:
+    with contextlib.redirect_stderr(buffer), fresh_collective_keys():
+      code = run_trainer_in_process(args, env=env)
+  finally:
+    absl_logger.removeHandler(handler)
+    absl_logger.setLevel(saved_level)
+  return subprocess.CompletedProcess(["trainer.task", *args], code, "", buffer.getvalue())
+
+
 def trainer_cmd(args: Sequence[str]) -> list[str]:
   return [sys.executable, "-m", "trainer.task", *args]
 

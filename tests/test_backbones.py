@@ -142,7 +142,7 @@ def test_a_backbone_from_a_weights_file_trains_exports_and_serves(weights_file, 
   assert len(predictions) == 4 and all(len(p["probabilities"]) == 10 for p in predictions)
 
 
-def test_backbone_flags_are_checked_before_anything_runs(weights_file, tmp_path):
+def test_backbone_flags_are_checked_before_anything_runs(weights_file, tmp_path, monkeypatch):
   from scripts.public_data import write_digit_files  # pylint: disable=g-import-not-at-top  (pandas: not in the smoke venv)
 
   data = tmp_path / "digits"
@@ -166,12 +166,13 @@ def test_backbone_flags_are_checked_before_anything_runs(weights_file, tmp_path)
        "error: --backbone_weights=imagenet: Keras could not download MobileNetV3Small's ImageNet weights"),
   ]
   # Keras' download goes through a proxy on a closed local port: it fails here without reaching any real host.
-  no_download = {"HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
-                 "https_proxy": "http://127.0.0.1:9", "KERAS_HOME": str(tmp_path / "keras_home")}
+  # In this process (the checks need no process of their own): Keras and urllib read these from os.environ.
+  for name in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy"):
+    monkeypatch.setenv(name, "http://127.0.0.1:9")
+  monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
   for args, expected in cases:
     out = tmp_path / "out"
-    result = procs.run_trainer([f"--train_data={data}/", f"--output_dir={out}", "--train_steps=2", *args],
-                               env=no_download, timeout=TIMEOUT)
+    result = procs.run_trainer_here([f"--train_data={data}/", f"--output_dir={out}", "--train_steps=2", *args])
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 2 and len(errors) == 1 and errors[0].startswith(expected), (args, result.stderr[-2000:])
     assert not os.path.exists(out / "model")

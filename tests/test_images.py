@@ -73,9 +73,11 @@ def test_a_csv_of_gs_uris(digits, gcs, tmp_path):
   uris.iloc[:-EVAL_ROWS].to_csv(tmp_path / "train.csv", index=False)
   uris.iloc[-EVAL_ROWS:].to_csv(tmp_path / "eval.csv", index=False)
   out = tmp_path / "out"
-  result = procs.run_trainer([f"--train_data={tmp_path}/train.csv", f"--eval_data={tmp_path}/eval.csv",
-                              "--label=digit", f"--output_dir={out}", "--train_steps=300",
-                              "--global_batch_size=64"], env=gcs.env, timeout=TIMEOUT)
+  # In this process, and pre-flight on a sample of 200 records (every file of the split is the default: each a
+  # request to the emulator, which pre-flight's own tests cover).
+  result = procs.run_trainer_here([f"--train_data={tmp_path}/train.csv", f"--eval_data={tmp_path}/eval.csv",
+                                   "--label=digit", f"--output_dir={out}", "--train_steps=300",
+                                   "--global_batch_size=64", "--preflight_records=200"], env=gcs.env)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "'path' holds image URIs (32 file header(s) read): an image of 8x8x1" in result.stderr
   with open(out / "model" / "schema.json") as f:
@@ -111,7 +113,7 @@ def test_vertex_image_export_through_aip_variables(digits, gcs, tmp_path):
   env = {"AIP_DATA_FORMAT": "jsonl", "AIP_TRAINING_DATA_URI": f"{base}/export/training-*",
          "AIP_VALIDATION_DATA_URI": f"{base}/export/validation-*", "AIP_MODEL_DIR": f"{run}/model",
          "AIP_CHECKPOINT_DIR": f"{run}/checkpoints", "AIP_TENSORBOARD_LOG_DIR": f"{run}/logs", **gcs.env}
-  result = procs.run_trainer(["--train_steps=300", "--global_batch_size=64"], env=env, timeout=TIMEOUT)
+  result = procs.run_trainer_here(["--train_steps=300", "--global_batch_size=64", "--preflight_records=200"], env=env)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "the label is classificationAnnotation.displayName" in result.stderr
   model_dir = tmp_path / "model"

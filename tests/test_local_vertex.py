@@ -273,9 +273,9 @@ def test_preemptions_in_a_row_lose_no_step(staged, gcs, tmp_path):
   base = "gs://test-bucket/runs/preempted"
   result = subprocess.run(
       [sys.executable, "-m", "scripts.local_vertex", "--config=cloud_configs/multi_worker_gpu.yaml",
-       "--replica_count=1=1", "--run_id=preempted", "--preempt=workerpool1-0@step=1000",
-       "--preempt=workerpool0-0@step=2500", "--preempt_grace_secs=30", "--args=--train_steps=3500",
-       "--args=--num_cpu_devices=1",
+       "--replica_count=1=1", "--run_id=preempted", "--preempt=workerpool1-0@step=300",
+       "--preempt=workerpool0-0@step=600", "--preempt_grace_secs=30", "--args=--train_steps=900",
+       "--args=--num_cpu_devices=1", "--args=--log_every_steps=10",
        "--args=--steps_per_loop=10", "--args=--checkpoint_every_steps=100000", "--args=--global_batch_size=32",
        "--args=--eval_steps=4", "--bucket=test-bucket", f"--job_dir={job_dir}", "--quiet", "--timeout_secs=600"],
       cwd=procs.REPO, env=procs.trainer_env(gcs.env), capture_output=True, text=True, timeout=650, check=False)
@@ -286,13 +286,13 @@ def test_preemptions_in_a_row_lose_no_step(staged, gcs, tmp_path):
   # --restart_failed (5, as on Vertex): no flag is needed for the job to survive its preemptions.
   lines = re.findall(r"^  (workerpool\d-0) @ step (\d+): exit 143 after [\d.]+ s, saved step (\d+); resumed at "
                      r"step (\d+)$", result.stdout, re.M)
-  assert [(name, at) for name, at, _, _ in lines] == [("workerpool1-0", "1000"), ("workerpool0-0", "2500")], \
+  assert [(name, at) for name, at, _, _ in lines] == [("workerpool1-0", "300"), ("workerpool0-0", "600")], \
       result.stdout[-3000:]
   assert all(saved == resumed for _, _, saved, resumed in lines)  # 0 steps lost per preemption
-  assert 1000 <= int(lines[0][2]) < int(lines[1][2]) < 3500, lines  # each came where its step said
+  assert 300 <= int(lines[0][2]) < int(lines[1][2]) < 900, lines  # each came where its step said
   with tf.io.gfile.GFile(f"{base}/model/eval_metrics.json") as f:
     metrics = json.load(f)
-  assert metrics["final_step"] == 3500 and metrics["resumed_from_step"] == int(lines[-1][3])
+  assert metrics["final_step"] == 900 and metrics["resumed_from_step"] == int(lines[-1][3])
   assert not _children_of(job_dir)
 
 

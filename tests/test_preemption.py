@@ -186,7 +186,7 @@ def test_sigterm_during_multi_worker_start_up_is_honoured(churn_data, tmp_path, 
 @pytest.mark.long
 def test_chief_preempted_in_the_final_evaluation_the_job_still_succeeds(churn_data, tmp_path):
   """The chief of a MultiWorkerMirrored job is preempted after its final checkpoint, inside the final evaluation
-  (made long here: eager, small batches, the training files as eval data). The worker, blocked in the
+  (made long here: eager, 150 batches of 8). The worker, blocked in the
   evaluation's collective, stops as a preempted peer (exit 143, no traceback); both restart as Vertex restarts
   them, the chief exports alone from the final checkpoint and exits 0, the worker has nothing left to do."""
   out = tmp_path / "out"
@@ -194,7 +194,7 @@ def test_chief_preempted_in_the_final_evaluation_the_job_still_succeeds(churn_da
   cluster = {"chief": [chief], "worker": [worker]}
   args = [f"--train_data={churn_data}/train/*.tfrecord", f"--eval_data={churn_data}/train/*.tfrecord",
           "--global_batch_size=8", "--train_steps=60", "--steps_per_loop=10", "--log_every_steps=10",
-          "--run_eagerly", "--peer_timeout_secs=120", f"--output_dir={out}"]
+          "--run_eagerly", "--eval_steps=150", "--peer_timeout_secs=120", f"--output_dir={out}"]
   envs = {name: {"TF_CONFIG": procs.tf_config(cluster, name, 0)} for name in ("chief", "worker")}
   with procs.cluster(str(tmp_path)) as c:
     for name in ("chief", "worker"):

@@ -375,9 +375,12 @@ def test_vertex_text_export_by_gcs_uri(gcs, tmp_path):
         f.write(json.dumps({"textGcsUri": f"{base}/texts/{i:05d}.txt",
                             "classificationAnnotation": {"displayName": category}}) + "\n")
   out = tmp_path / "out"
-  result = procs.run_trainer([f"--train_data={tmp_path}/training.jsonl", f"--eval_data={tmp_path}/validation.jsonl",
-                              f"--output_dir={out}", "--train_steps=120", "--global_batch_size=64"], env=gcs.env,
-                             timeout=TIMEOUT)
+  # In this process, and pre-flight on a sample of 200 records (each file a request to the emulator; pre-flight's
+  # own tests read every one).
+  result = procs.run_trainer_here([f"--train_data={tmp_path}/training.jsonl",
+                                   f"--eval_data={tmp_path}/validation.jsonl", f"--output_dir={out}",
+                                   "--train_steps=120", "--global_batch_size=64", "--preflight_records=200"],
+                                  env=gcs.env)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "'textGcsUri' holds text file URIs (2000 file(s) read for the vocabulary)" in result.stderr
   with open(out / "model" / "schema.json") as f:

@@ -141,8 +141,10 @@ def _build_and_train(config: config_lib.Config, env: config_lib.Environment, pla
   if watchdog is not None:
     watchdog.feed("the first training chunk")
   tf.keras.utils.set_random_seed(config.train.seed)
+  # Set every time, as the dtype policy is (`recipe.set_precision`): a run in this process after an eager one
+  # (tests run the command in-process) must not inherit it.
+  tf.config.run_functions_eagerly(config.train.run_eagerly)
   if config.train.run_eagerly:
-    tf.config.run_functions_eagerly(True)
     logging.info("Running eagerly (--run_eagerly): same strategy, no tf.function compilation")
 
   from trainer.planning import job as job_lib  # pylint: disable=g-import-not-at-top
