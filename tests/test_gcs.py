@@ -97,7 +97,7 @@ def _metrics(model_dir):
 
 def test_train_from_gcs_and_serve_the_export_from_gcs(gcs, gcs_churn):
   out = "gs://test-bucket/runs/single"
-  result = procs.run_trainer(_gcs_args(gcs_churn, out, "--train_steps=300"), env=gcs.env)
+  result = procs.run_trainer_here(_gcs_args(gcs_churn, out, "--train_steps=300"), env=gcs.env)
   assert result.returncode == 0, result.stderr[-3000:]
   metrics = _metrics(f"{out}/model")
   assert metrics["final_step"] == 300 and metrics["eval_accuracy"] > 0.85

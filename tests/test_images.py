@@ -170,8 +170,8 @@ def test_vertex_multi_label_export_split_by_its_ml_use_labels(digits, tmp_path):
                                                                          targets[split == "training"])
   baseline_accuracy = float(np.mean(baseline.predict(pixels[split == "validation"]) == targets[split == "validation"]))
   out = tmp_path / "out"
-  result = procs.run_trainer([f"--train_data={tmp_path}/export.jsonl", f"--output_dir={out}", "--train_steps=300",
-                              "--global_batch_size=64"], timeout=TIMEOUT)
+  result = procs.run_trainer_here([f"--train_data={tmp_path}/export.jsonl", f"--output_dir={out}", "--train_steps=300",
+                                   "--global_batch_size=64"])
   assert result.returncode == 0, result.stderr[-3000:]
   uses = [ml_use(i) for i in range(len(frame))]
   counts = {use: uses.count(use) for use in ("training", None, "validation", "test")}
@@ -243,8 +243,8 @@ def test_class_folders_with_gif_bmp_and_stray_files(digits, tmp_path):
   (tmp_path / "train" / "digit3" / "notes.txt").write_text("scanned on tuesday\n")
   (tmp_path / "train" / "labels.csv").write_text("file,label\n")
   out = tmp_path / "out"
-  result = procs.run_trainer([f"--train_data={tmp_path}/train/", f"--eval_data={tmp_path}/eval/",
-                              f"--output_dir={out}", "--train_steps=150", "--global_batch_size=32"], timeout=TIMEOUT)
+  result = procs.run_trainer_here([f"--train_data={tmp_path}/train/", f"--eval_data={tmp_path}/eval/",
+                                   f"--output_dir={out}", "--train_steps=150", "--global_batch_size=32"])
   assert result.returncode == 0, result.stderr[-3000:]
   assert "600 image file(s) and 2 other file(s), left out" in result.stderr
   with open(out / "model" / "schema.json") as f:
@@ -301,8 +301,8 @@ def test_bad_images_are_one_line_and_nothing_written(digits, tmp_path):
   ]
   for args, pattern in cases:
     out = tmp_path / "out"
-    result = procs.run_trainer([*args, f"--output_dir={out}", "--train_steps=20", "--global_batch_size=32",
-                                "--shuffle_buffer=0"], timeout=TIMEOUT)
+    result = procs.run_trainer_here([*args, f"--output_dir={out}", "--train_steps=20", "--global_batch_size=32",
+                                     "--shuffle_buffer=0"])
     assert result.returncode == 2, (args, result.stderr[-3000:])
     errors = _errors(result)
     assert len(errors) == 1 and __import__("re").match(pattern, errors[0]), (pattern, result.stderr[-3000:])

@@ -69,9 +69,9 @@ def test_a_nan_deep_in_the_data_is_refused_and_nothing_is_exported(tmp_path, kin
     _write_tfrecord(bad, frame)
     where, what, value = f"record {BAD_ROW + 1}", "feature", "nan"
   out = tmp_path / "out"
-  result = procs.run_trainer([f"--train_data={bad}", f"--schema={_schema_file(tmp_path, clean)}",
-                              "--train_steps=300", "--global_batch_size=32", "--eval_steps=2",
-                              f"--output_dir={out}"])
+  result = procs.run_trainer_here([f"--train_data={bad}", f"--schema={_schema_file(tmp_path, clean)}",
+                                   "--train_steps=300", "--global_batch_size=32", "--eval_steps=2",
+                                   f"--output_dir={out}"])
   errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
   assert result.returncode == 2, result.stderr[-3000:]
   assert errors == [f"error: --train_data: {bad} {where}: {what} {COLUMN!r} holds {value}, a NaN or infinite "

@@ -78,7 +78,7 @@ def test_a_second_job_on_a_live_run_dir_is_refused_and_the_same_job_continues(ch
   assert json.loads((out / "checkpoints" / ownership.OWNER_FILE).read_text())["ended"]  # released on exit
   step = max(int(name.split("-")[1].split(".")[0]) for name in os.listdir(out / "checkpoints")
              if name.endswith(".index"))
-  again = procs.run_trainer(_args(churn_data, out, step + 20), env={"CLOUD_ML_JOB_ID": "1001"})
+  again = procs.run_trainer_here(_args(churn_data, out, step + 20), env={"CLOUD_ML_JOB_ID": "1001"})
   assert again.returncode == 0, again.stderr[-3000:]
   assert f"Resuming at step {step} of {step + 20}" in again.stderr
 
@@ -89,16 +89,16 @@ def test_a_model_dir_holding_another_runs_export_is_refused(churn_data, tmp_path
   model_dir = tmp_path / "serving"
   common = [f"--train_data={churn_data}/train/*.tfrecord", f"--eval_data={churn_data}/eval/*.tfrecord",
             "--eval_steps=2", f"--model_dir={model_dir}"]
-  first = procs.run_trainer(common + [f"--output_dir={tmp_path}/a", "--train_steps=20"])
+  first = procs.run_trainer_here(common + [f"--output_dir={tmp_path}/a", "--train_steps=20"])
   assert first.returncode == 0, first.stderr[-3000:]
   exported = (model_dir / "eval_metrics.json").read_text()
-  second = procs.run_trainer(common + [f"--output_dir={tmp_path}/b", "--train_steps=20"])
+  second = procs.run_trainer_here(common + [f"--output_dir={tmp_path}/b", "--train_steps=20"])
   errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
   assert second.returncode == 2 and errors == [
       f"error: --model_dir: {model_dir} holds the export of another run (its checkpoints in {tmp_path}/a/checkpoints);"
       " this run would replace it: give this run its own --model_dir (or --output_dir), or remove that export "
       "first"], second.stderr[-3000:]
   assert (model_dir / "eval_metrics.json").read_text() == exported and not (tmp_path / "b").exists()
-  again = procs.run_trainer(common + [f"--output_dir={tmp_path}/a", "--train_steps=40"])  # the same run, further
+  again = procs.run_trainer_here(common + [f"--output_dir={tmp_path}/a", "--train_steps=40"])  # the same run, further
   assert again.returncode == 0, again.stderr[-3000:]
   assert json.loads((model_dir / "eval_metrics.json").read_text())["final_step"] == 40

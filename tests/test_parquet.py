@@ -69,9 +69,9 @@ def test_a_spark_export_folder_on_the_bucket(cancer, gcs, tmp_path):
   base = "gs://test-bucket/parquet-cancer"
   stage_data.upload_tree(str(cancer["root"]), base)
   out = "gs://test-bucket/runs/parquet"
-  result = procs.run_trainer([f"--train_data={base}/export/", f"--eval_data={base}/eval.parquet",
-                              "--label=diagnosis", f"--output_dir={out}", "--train_steps=400",
-                              "--global_batch_size=32"], env=gcs.env, timeout=TIMEOUT)
+  result = procs.run_trainer_here([f"--train_data={base}/export/", f"--eval_data={base}/eval.parquet",
+                                   "--label=diagnosis", f"--output_dir={out}", "--train_steps=400",
+                                   "--global_batch_size=32"], env=gcs.env)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "--train_data: 3 file(s) of Parquet" in result.stderr  # _SUCCESS and the .crc files are not data
   local = tmp_path / "model"
@@ -138,7 +138,7 @@ def test_bad_parquet_is_one_line_and_nothing_written(tmp_path):
   ]
   for args, pattern in cases:
     out = tmp_path / "out"
-    result = procs.run_trainer([*args, f"--output_dir={out}", "--train_steps=40"], timeout=TIMEOUT)
+    result = procs.run_trainer_here([*args, f"--output_dir={out}", "--train_steps=40"])
     assert result.returncode == 2, (args, result.stderr[-3000:])
     errors = _errors(result)
     assert len(errors) == 1 and re.match(pattern, errors[0]), (pattern, result.stderr[-3000:])

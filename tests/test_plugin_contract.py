@@ -122,9 +122,9 @@ def test_tutorial_models_train_and_serve(churn_data, tmp_path, name, loop):
 @pytest.mark.parametrize("name,loop", [("sequential_softmax", "fit"), ("raw_strings", "custom"),
                                        ("binary_sigmoid", "fit"), ("sequential_unbuilt", "custom")])
 def test_tutorial_models_under_mirrored(churn_data, tmp_path, name, loop):
-  result = procs.run_trainer(test_train.data_args(churn_data) + [
+  result = procs.run_trainer_here(test_train.data_args(churn_data) + [
       f"--output_dir={tmp_path / 'out'}", "--train_steps=120", f"--loop={loop}", "--num_cpu_devices=2",
-      f"--model=tutorial_models:{name}"], env={"PYTHONPATH": f"{procs.REPO}:{os.path.dirname(__file__)}"})
+      f"--model=tutorial_models:{name}"])
   assert result.returncode == 0, result.stderr[-3000:]
   assert "Strategy: MirroredStrategy" in result.stderr
   with open(tmp_path / "out" / "model" / "eval_metrics.json") as f:

@@ -154,7 +154,7 @@ def test_binary_metrics_match_scikit_learn(churn_data):
 
 
 def _run(churn_data, out, *args, env=None, loop="custom"):
-  result = procs.run_trainer(test_train.data_args(churn_data) + [
+  result = procs.run_trainer_here(test_train.data_args(churn_data) + [
       f"--output_dir={out}", f"--loop={loop}", "--deterministic_input", *args], env=env)
   assert result.returncode == 0, result.stderr[-3000:]
   return result

@@ -43,8 +43,8 @@ def test_vertex_test_split_and_a_regression_label_in_its_own_units(diabetes, tmp
          "AIP_MODEL_DIR": f"{out}/model", "AIP_CHECKPOINT_DIR": f"{out}/checkpoints",
          "AIP_TENSORBOARD_LOG_DIR": f"{out}/logs"}
   # --eval_steps caps the validation passes; the test pass is always exactly one pass.
-  result = procs.run_trainer(["--label=target", "--train_steps=300", "--eval_steps=1", "--global_batch_size=64"],
-                             env=env, timeout=TIMEOUT)
+  result = procs.run_trainer_here(["--label=target", "--train_steps=300", "--eval_steps=1", "--global_batch_size=64"],
+                             env=env)
   assert result.returncode == 0, result.stderr[-3000:]
   with open(out / "model" / "eval_metrics.json") as f:
     metrics = json.load(f)
@@ -66,8 +66,8 @@ def test_vertex_test_split_and_a_regression_label_in_its_own_units(diabetes, tmp
 def test_a_test_pattern_that_matches_nothing_is_one_line(diabetes, tmp_path):
   root = diabetes["root"]
   out = tmp_path / "out"
-  result = procs.run_trainer([f"--train_data={root}/training-*", f"--test_data={root}/tset-*", "--label=target",
-                              f"--output_dir={out}", "--train_steps=10"], timeout=TIMEOUT)
+  result = procs.run_trainer_here([f"--train_data={root}/training-*", f"--test_data={root}/tset-*", "--label=target",
+                                   f"--output_dir={out}", "--train_steps=10"])
   assert result.returncode == 2
   assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
       f"error: --test_data: no files match '{root}/tset-*'; expected a file pattern such as "
@@ -85,8 +85,8 @@ def test_a_class_the_training_data_lacks_in_the_eval_data_is_one_line(tmp_path):
   rows[30]["y"] = "sideways"
   pd.DataFrame(rows).to_csv(tmp_path / "eval.csv", index=False)
   out = tmp_path / "out"
-  result = procs.run_trainer([f"--train_data={tmp_path}/train.csv", f"--eval_data={tmp_path}/eval.csv", "--label=y",
-                              f"--output_dir={out}", "--train_steps=20"], timeout=TIMEOUT)
+  result = procs.run_trainer_here([f"--train_data={tmp_path}/train.csv", f"--eval_data={tmp_path}/eval.csv", "--label=y",
+                                   f"--output_dir={out}", "--train_steps=20"])
   assert result.returncode == 2, result.stderr[-3000:]
   assert "Traceback" not in result.stderr
   assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [

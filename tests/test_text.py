@@ -73,8 +73,8 @@ def _assert_serves_raw_text(model_dir, evaluation, *, minimum: float) -> None:
 def test_csv_text_is_inferred_and_trains_to_the_baseline(reviews, tmp_path):
   root = reviews["root"]
   out = tmp_path / "out"
-  result = procs.run_trainer([f"--train_data={root}/train.csv", f"--eval_data={root}/eval.csv", "--label=category",
-                              f"--output_dir={out}", "--train_steps=600", "--global_batch_size=64"], timeout=TIMEOUT)
+  result = procs.run_trainer_here([f"--train_data={root}/train.csv", f"--eval_data={root}/eval.csv", "--label=category",
+                                   f"--output_dir={out}", "--train_steps=600", "--global_batch_size=64"])
   assert result.returncode == 0, result.stderr[-3000:]
   assert re.search(r"schema inference: 'text' is free text \(\d+ distinct values in 11112 records, [\d.]+ words on "
                    r"average\): type text, 10000 of \d+ words and 10000 of \d+ word pairs in its vocabulary", result.stderr)
@@ -120,10 +120,9 @@ def test_a_tutorial_text_model_gets_the_raw_string(reviews, tmp_path):
   """tensorflow.org's text classification model (TextVectorization + Embedding inside the model) as a plug-in."""
   root = reviews["root"]
   out = tmp_path / "out"
-  result = procs.run_trainer(
+  result = procs.run_trainer_here(
       [f"--train_data={root}/train.csv", f"--eval_data={root}/eval.csv", "--label=category", f"--output_dir={out}",
-       "--train_steps=600", "--global_batch_size=64", "--learning_rate=0.01", "--model=tutorial_models:text_embedding_bag"],
-      env={"PYTHONPATH": f"{procs.REPO}:{os.path.dirname(__file__)}"}, timeout=TIMEOUT)
+       "--train_steps=600", "--global_batch_size=64", "--learning_rate=0.01", "--model=tutorial_models:text_embedding_bag"])
   assert result.returncode == 0, result.stderr[-3000:]
   metrics = _metrics(out)
   assert metrics["eval_accuracy"] >= reviews["baseline"] - 0.06, (metrics, reviews["baseline"])
@@ -238,8 +237,8 @@ def test_an_empty_text_is_one_error_line_and_nothing_written(reviews, tmp_path):
       "features": [{"name": "text", "type": "text", "vocabulary": vocabulary}],
       "label": {"name": "category", "type": "string", "vocabulary": ["fresh", "plot", "rotten"]}}))
   out = tmp_path / "out"
-  result = procs.run_trainer([f"--train_data={tmp_path}/train.csv", f"--output_dir={out}", "--train_steps=50",
-                              "--shuffle_buffer=0", "--global_batch_size=32"], timeout=TIMEOUT)
+  result = procs.run_trainer_here([f"--train_data={tmp_path}/train.csv", f"--output_dir={out}", "--train_steps=50",
+                                   "--shuffle_buffer=0", "--global_batch_size=32"])
   assert result.returncode == 2, result.stderr[-3000:]
   errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
   assert errors == [f"error: --train_data: {tmp_path}/train.csv line {_line_of_row(tmp_path / 'train.csv', 700)}: "
@@ -279,7 +278,7 @@ def test_vertex_text_export_through_aip_variables_needs_no_label(reviews, tmp_pa
   env = {"AIP_DATA_FORMAT": "jsonl", "AIP_TRAINING_DATA_URI": f"{tmp_path}/training-*",
          "AIP_VALIDATION_DATA_URI": f"{tmp_path}/validation-*", "AIP_MODEL_DIR": f"{out}/model",
          "AIP_CHECKPOINT_DIR": f"{out}/checkpoints", "AIP_TENSORBOARD_LOG_DIR": f"{out}/logs"}
-  result = procs.run_trainer(["--train_steps=400", "--global_batch_size=64"], env=env, timeout=TIMEOUT)
+  result = procs.run_trainer_here(["--train_steps=400", "--global_batch_size=64"], env=env)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "Vertex's classification export: the label is classificationAnnotation.displayName" in result.stderr
   assert "'dataItemResourceLabels.aiplatform.googleapis.com/ml_use' left out" in result.stderr
@@ -337,8 +336,8 @@ def test_vertex_multi_label_text_export_in_one_file(reviews, tmp_path):
   baseline_accuracy = float(np.mean(baseline.predict(vectorizer.transform(frame["text"].iloc[cut:])) ==
                                     targets[cut:]))
   out = tmp_path / "out"
-  result = procs.run_trainer([f"--train_data={tmp_path}/export.jsonl", f"--output_dir={out}", "--train_steps=400",
-                              "--global_batch_size=64"], timeout=TIMEOUT)
+  result = procs.run_trainer_here([f"--train_data={tmp_path}/export.jsonl", f"--output_dir={out}", "--train_steps=400",
+                                   "--global_batch_size=64"])
   assert result.returncode == 0, result.stderr[-3000:]
   with open(out / "model" / "schema.json") as f:
     schema = schema_lib.parse_schema(json.load(f), source="schema.json")
