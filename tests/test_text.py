@@ -89,12 +89,16 @@ def test_csv_text_is_inferred_and_trains_to_the_baseline(reviews, tmp_path):
 
 
 @pytest.mark.long
-def test_jsonl_text_on_a_two_process_multi_worker_job(reviews, tmp_path):
+def test_jsonl_text_on_two_replicas(reviews, tmp_path):
+  """JSONL shards of free text under MirroredStrategy (two replicas, in this process): how each format is sharded
+  across a multi-worker job's pipelines is test_data's (InputContext), a real two-process job test_multiworker's."""
   root = reviews["root"] / "jsonl"
   out = tmp_path / "out"
   args = [f"--train_data={root}/train-*.jsonl", f"--eval_data={root}/eval.jsonl", "--label=category",
-          f"--output_dir={out}", "--train_steps=300", "--global_batch_size=64", "--checkpoint_every_steps=300"]
-  procs.run_chief_and_worker(str(tmp_path), args, timeout=TIMEOUT)
+          f"--output_dir={out}", "--train_steps=300", "--global_batch_size=64", "--checkpoint_every_steps=300",
+          "--num_cpu_devices=2"]
+  result = procs.run_trainer_here(args)
+  assert result.returncode == 0, result.stderr[-3000:]
   metrics = _metrics(out)
   assert metrics["num_replicas"] == 2 and metrics["eval_examples"] == len(reviews["eval"])
   assert metrics["eval_accuracy"] >= reviews["baseline"] - MARGIN, (metrics, reviews["baseline"])
