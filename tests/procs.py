@@ -47,9 +47,18 @@ def run_trainer_in_process(args: Sequence[str], *, env: Mapping[str, str] | None
   from trainer import flags as trainer_flags  # pylint: disable=g-import-not-at-top
   from trainer import task  # pylint: disable=g-import-not-at-top
 
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   values = flags.FlagValues()
   trainer_flags.define_flags(values)
-  return task.run_command(["trainer.task", *args], {**SAFE_ENV, **(env or {})}, flag_values=values)
+  # What a run sets for its whole process is put back after it, so that the next test in this process (which may
+  # build a model itself) does not inherit a run's --precision or --run_eagerly.
+  policy, eager = tf.keras.mixed_precision.global_policy(), tf.config.functions_run_eagerly()
+  try:
+    return task.run_command(["trainer.task", *args], {**SAFE_ENV, **(env or {})}, flag_values=values)
+  finally:
+    tf.keras.mixed_precision.set_global_policy(policy)
+    tf.config.run_functions_eagerly(eager)
 
 
 def run_trainer_here(args: Sequence[str], *, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -38,8 +38,8 @@ print(json.dumps({"tensorflow": tf.__version__, "responses": out}))
 """
 
 
-def _train(args, out, env=None):
-  result = procs.run_trainer([*args, f"--output_dir={out}", "--eval_steps=0"], env=env)
+def _train(args, out):
+  result = procs.run_trainer_here([*args, f"--output_dir={out}", "--eval_steps=0"])  # in this process
   assert result.returncode == 0, result.stderr[-3000:]
   return str(out / "model")
 
@@ -55,8 +55,7 @@ def exports(churn_data, tmp_path_factory):
   made.append((model, {"instances": rows(model, f"{churn_data}/eval/*.tfrecord", 20)}))
   model = _train([*churn, "--loop=fit", "--precision=mixed_bfloat16", "--jit_compile"], root / "fit_bf16_xla")
   made.append((model, {"instances": rows(model, f"{churn_data}/eval/*.tfrecord", 20)}))
-  model = _train([*churn, "--model=tutorial_models:raw_strings"], root / "string_lookup",
-                 env={"PYTHONPATH": f"{procs.REPO}:{procs.REPO}/tests"})
+  model = _train([*churn, "--model=tutorial_models:raw_strings"], root / "string_lookup")
   made.append((model, {"instances": rows(model, f"{churn_data}/eval/*.tfrecord", 20)}))
   iris = iris_frame()
   iris.iloc[:120].to_csv(root / "iris.csv", index=False)
