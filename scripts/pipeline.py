@@ -492,10 +492,12 @@ def _whole_numbers(value):
 
 
 def _run_local_vertex(body: dict, config_path: str, args: list[str], *, step: str) -> None:
-  """local_vertex.py on `body`, written beside the config it came from (so relative paths in it still hold)."""
+  """local_vertex.py on `body`, written beside the config it came from (so relative paths in it still hold), as a
+  hidden file: while the step runs it is not one of the directory's configs (`cloud_configs/*` does not list it)."""
   from scripts import local_vertex  # pylint: disable=g-import-not-at-top
 
-  with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=os.path.dirname(config_path)) as f:
+  with tempfile.NamedTemporaryFile("w", prefix=".pipeline-step-", suffix=".yaml", delete=False,
+                                   dir=os.path.dirname(config_path)) as f:
     yaml.safe_dump(body, f)
     step_config = f.name
   try:
