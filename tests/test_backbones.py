@@ -142,7 +142,7 @@ def test_a_backbone_from_a_weights_file_trains_exports_and_serves(weights_file, 
   assert len(predictions) == 4 and all(len(p["probabilities"]) == 10 for p in predictions)
 
 
-def test_backbone_flags_are_checked_before_anything_runs(weights_file, tmp_path, monkeypatch):
+def test_backbone_flags_are_checked_before_anything_runs(weights_file, tmp_path):
   from scripts.public_data import write_digit_files  # pylint: disable=g-import-not-at-top  (pandas: not in the smoke venv)
 
   data = tmp_path / "digits"
@@ -162,17 +162,20 @@ def test_backbone_flags_are_checked_before_anything_runs(weights_file, tmp_path,
        f"error: --backbone_weights={weights_file[0]}: not the weights of --model=efficientnet_b0 (EfficientNetB0"),
       (["--model=mobilenet_v3_small", f"--backbone_weights={data}/digit_0/0000.png"],  # not a weights file at all
        f"error: --backbone_weights={data}/digit_0/0000.png: not the weights of --model=mobilenet_v3_small"),
-      (["--model=mobilenet_v3_small"],  # the default, imagenet: Keras' download, which this machine cannot make
-       "error: --backbone_weights=imagenet: Keras could not download MobileNetV3Small's ImageNet weights"),
   ]
-  # Keras' download goes through a proxy on a closed local port: it fails here without reaching any real host.
-  # In this process (the checks need no process of their own): Keras and urllib read these from os.environ.
-  for name in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy"):
-    monkeypatch.setenv(name, "http://127.0.0.1:9")
-  monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
-  for args, expected in cases:
+  # These are refused before any download could start: in this process. The default, imagenet, is Keras' download,
+  # which this machine cannot make: in a process of its own, since Keras reads KERAS_HOME once, at import (its
+  # own cache dir here, so weights cached on the machine cannot hide the failure), and urllib keeps the proxy (a
+  # closed local port: no real host is reached) for the process's life.
+  no_download = {"HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
+                 "https_proxy": "http://127.0.0.1:9", "KERAS_HOME": str(tmp_path / "keras_home")}
+  download = (["--model=mobilenet_v3_small"],
+              "error: --backbone_weights=imagenet: Keras could not download MobileNetV3Small's ImageNet weights")
+  for args, expected in [*cases, download]:
     out = tmp_path / "out"
-    result = procs.run_trainer_here([f"--train_data={data}/", f"--output_dir={out}", "--train_steps=2", *args])
+    run_args = [f"--train_data={data}/", f"--output_dir={out}", "--train_steps=2", *args]
+    result = (procs.run_trainer(run_args, env=no_download, timeout=TIMEOUT) if (args, expected) == download
+              else procs.run_trainer_here(run_args))
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 2 and len(errors) == 1 and errors[0].startswith(expected), (args, result.stderr[-2000:])
     assert not os.path.exists(out / "model")

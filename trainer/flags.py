@@ -107,7 +107,9 @@ def option_values(config_class: type, values: flags.FlagValues) -> dict[str, Any
   fields = {}
   for entry in options_lib.declared(config_class):
     value = values[entry.flag].value
-    if entry.kind is tuple and value is not None:
+    if entry.kind is tuple and not value and entry.optional:
+      value = None  # `--csv_columns=` says nothing, as leaving it out does
+    elif entry.kind is tuple and value is not None:
       try:
         value = tuple(entry.item_kind(item.strip()) for item in value)
       except ValueError:

@@ -243,11 +243,11 @@ class Config:
 def validate(config: Config) -> None:
   """Checks values that make sense on their own, before anything touches storage or devices: each option against
   its declaration, then the options that depend on each other."""
-  options_lib.check(config)
   train = config.train
   if (train.train_steps is None) == (train.epochs is None):
     raise UserError("--train_steps and --epochs: give exactly one "
                     f"(got train_steps={train.train_steps}, epochs={train.epochs})")
+  options_lib.check(config)
   if config.data.csv_columns is not None and (len(set(config.data.csv_columns)) != len(config.data.csv_columns)
                                               or not all(config.data.csv_columns)):
     raise UserError(f"--csv_columns must name every CSV column once, got {','.join(config.data.csv_columns)}")

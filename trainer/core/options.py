@@ -67,6 +67,7 @@ class Declared:
   item_kind: type | None  # a tuple's element type
   default: Any
   option: Option
+  optional: bool = False  # typed `X | None`: None means not given (an empty list too)
 
 
 def declared(config_class: type) -> Iterator[Declared]:
@@ -78,7 +79,8 @@ def declared(config_class: type) -> Iterator[Declared]:
       continue
     kind, item_kind = _kind(hints[field.name])
     default = field.default if option_.flag_default is _FIELD_DEFAULT else option_.flag_default
-    yield Declared(field.name, option_.flag or field.name, kind, item_kind, default, option_)
+    optional = type(None) in typing.get_args(hints[field.name])
+    yield Declared(field.name, option_.flag or field.name, kind, item_kind, default, option_, optional)
 
 
 def _kind(hint: Any) -> tuple[type, type | None]:
