@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from trainer.data.feature_kinds import _IMAGE_MAGIC as IMAGE_MAGIC  # the trainer's own test of image bytes: one rule
-from trainer.data.schema import ENCODED_IMAGES
+from trainer.data.feature_kinds import ENCODED_IMAGES
 from trainer.data.schema import safe_name
 
 

@@ -22,6 +22,7 @@ from PIL import Image
 from sklearn import datasets as sk_datasets
 
 from trainer.core.errors import UserError
+from trainer.data import feature_kinds
 from trainer.data import features as features_lib
 from trainer.data import formats
 from trainer.data import inference as schema_inference
@@ -675,8 +676,8 @@ def test_a_new_format_is_one_registered_class(tmp_path):
     def sampled(self, value):  # what schema inference observes: numbers where the text reads as one
       return float(value) if formats.is_number(value) else value
 
-    def typed_value(self, name, value, *, kind, count, feature):  # what pre-flight checks
-      if kind in ("string", "text"):
+    def typed_value(self, name, value, *, kind, count, feature):  # what pre-flight checks (by what the kind holds)
+      if kind.holds == feature_kinds.STRING:
         return value
       if not formats.is_number(value):
         raise base.ValueProblem(f"column {name!r} holds {value!r}, not a number")
@@ -728,6 +729,67 @@ def test_a_new_format_is_one_registered_class(tmp_path):
   finally:
     del base.FORMATS["psv"]
   assert formats.resolve([str(unnamed)], requested="auto", vertex_format=None, flag="--train_data").format == "csv"
+
+
+def test_a_new_feature_kind_is_one_registered_class(tmp_path):
+  """What the trainer asks of a feature kind, shown with one it has never seen (a count, log-scaled for the model):
+  a `feature_kinds.Kind` subclass registered by `feature_kinds.register` is a schema type; its records are read
+  by every format by what it holds (a number), checked by pre-flight, written as a tf.train.Example, encoded in
+  the input pipeline and the serving signature, and fed to the built-in tabular model; nothing else names it."""
+  from trainer.core import config as config_lib  # pylint: disable=g-import-not-at-top
+  from trainer.modeling import models  # pylint: disable=g-import-not-at-top
+  from trainer.planning import examples  # pylint: disable=g-import-not-at-top
+
+  class LogCount(feature_kinds.Numeric):
+    def __init__(self):
+      super().__init__("log_count", example_list="int64_list", parse_dtype="int64", cast=int)
+
+    def encode(self, feature, value, *, table=None):
+      return tf.math.log1p(tf.cast(value, tf.float32))
+
+  frame = pd.DataFrame({"visits": [0, 3, 12, 99], "plan": ["basic", "pro", "pro", "basic"],
+                        "spend": [1.5, 2.0, 8.25, 30.0]})
+  raw = {"features": [{"name": "visits", "type": "log_count", "default": 0},
+                      {"name": "plan", "type": "string", "vocabulary": ["basic", "pro"]}],
+         "label": {"name": "spend", "type": "float"}}
+  with pytest.raises(UserError, match="has type 'log_count'; expected one of float, int, string, text, image$"):
+    schema_lib.parse_schema(raw, source="t")
+  feature_kinds.register(LogCount())
+  try:
+    schema = schema_lib.parse_schema(raw, source="t")
+    assert schema.feature("visits").is_numeric and schema.feature("visits").kind.example_list == "int64_list"
+    with pytest.raises(UserError, match=r"has default 0.5; expected an integer"):
+      schema_lib.parse_schema({**raw, "features": [{**raw["features"][0], "default": 0.5}, raw["features"][1]]},
+                              source="t")
+    # Written the way other tools write each format, then read by the trainer's input pipeline.
+    paths = {"csv": tmp_path / "d.csv", "jsonl": tmp_path / "d.jsonl", "parquet": tmp_path / "d.parquet",
+             "tfrecord": tmp_path / "d.tfrecord"}
+    frame.to_csv(paths["csv"], index=False)
+    frame.to_json(paths["jsonl"], orient="records", lines=True)
+    frame.to_parquet(paths["parquet"], index=False)
+    with tf.io.TFRecordWriter(str(paths["tfrecord"])) as writer:
+      for record in frame.to_dict("records"):
+        writer.write(examples.serialize(record, schema))
+    for name, path in paths.items():
+      source = _source(str(path))
+      assert source.format == name
+      for where, record in formats.iter_records(str(path), source, flag="--train_data"):
+        assert preflight.record_problem(record, schema, source) is None, (name, where)
+      features, labels = _read_all(str(path), schema, source)
+      np.testing.assert_allclose(features["visits"], np.log1p(frame["visits"]), rtol=1e-6, err_msg=name)
+      np.testing.assert_array_equal(features["plan"], [1, 2, 2, 1], err_msg=name)
+      np.testing.assert_allclose(labels, frame["spend"], rtol=1e-6, err_msg=name)
+    assert preflight.record_problem({"visits": "many", "plan": "pro", "spend": "1"}, schema, _source(
+        str(paths["csv"]))) == "column 'visits' holds 'many', but the schema says log_count"
+    # Serving takes the raw count and encodes it as training did; the built-in model takes it as a number.
+    encoded = features_lib.FeatureEncoder(schema).encode({"visits": tf.constant([3], tf.int64),
+                                                          "plan": tf.constant(["pro"])})
+    np.testing.assert_allclose(encoded["visits"].numpy(), [np.log1p(3)], rtol=1e-6)
+    assert features_lib.raw_serving_specs(schema)["visits"].dtype == tf.float32
+    model = models.build_tabular(schema, config_lib.ModelConfig())
+    assert model(features).shape == (4, 1)
+  finally:
+    del feature_kinds.KINDS["log_count"]
 
 
 def test_pandas_index_column_is_named_with_its_remedy(tmp_path):

@@ -1,16 +1,20 @@
 """Each kind of feature's behaviour in one place: a new kind is one class here (and its tests).
 
-A kind answers, for a schema `Feature` of its type, everything the rest of the trainer asks of a column:
-- `parse_shape` and `parse_dtype`: how a `tf.train.Example` (and the other readers) hold it, per example;
+A kind is one schema feature type ("float", "int", "string", "text", "image"). It answers everything the rest of the
+trainer asks of a column of that type:
+- `holds`: the value one record carries, whatever the file format: "number" (one or N), "string" or "bytes".
+  Formats, pre-flight and the Example writer dispatch on it, never on the type's name;
+- `settings`: its own keys of a schema.json feature (a vocabulary, a shape, an encoding, ...), checked;
+- `example_list`, `parse_dtype` and `parse_shape`: how a `tf.train.Example` (and the other readers) hold it;
 - `json_kind`: the JSON value a JSONL line holds for it ("number", "array", "string", "image");
 - `model_input`: the shape and dtype of the model input after encoding (Keras inputs, sample batches);
 - `serving_input`: the shape and dtype of the serving signature's input (the raw value a request carries);
 - `openapi`: the OpenAPI 3.0 schema object of that value in one Vertex instance;
 - `encode`: the raw parsed column -> the model input, in the graph (training and serving alike);
-- `example_list` and `example_values`: how the one `tf.train.Example` writer (`trainer.planning.examples`) stores a value.
+- `example_values`: how the one `tf.train.Example` writer (`trainer.planning.examples`) stores a value.
 
 Shapes are per example (no batch dimension); dtypes are TensorFlow dtype names, so this module imports no
-TensorFlow until `encode` runs.
+TensorFlow until `encode` runs. It sits below `schema`, which asks `KINDS` to parse each feature's settings.
 """
 
 from __future__ import annotations
@@ -18,8 +22,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from trainer.core.errors import DATA_CHECK_PREFIX
-from trainer.data import schema as schema_lib
+from trainer.core.errors import DATA_CHECK_PREFIX, UserError
+
+Feature = Any  # a trainer.data.schema.Feature: schema sits above this module (it asks KINDS to parse settings)
+
+IMAGE_ENCODINGS = ("raw", "png", "jpeg", "gif", "bmp")
+ENCODED_IMAGES = IMAGE_ENCODINGS[1:]  # image files' bytes, decoded in the input pipeline (any of them, whatever it says)
+DEFAULT_SEQUENCE_LENGTH = 64
+# What Keras' TextVectorization reserves: index 0 pads, index 1 is the out-of-vocabulary token.
+RESERVED_TOKENS = ("", "[UNK]")
+NUMBER, STRING, BYTES = "number", "string", "bytes"  # what a record holds for a kind (`Kind.holds`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,44 +46,64 @@ class Kind:
   """The behaviour every kind has; subclasses fill in what differs."""
 
   type: str = ""
+  holds: str = ""  # NUMBER, STRING or BYTES
+  example_list: str = ""  # the tf.train.Example list: "float_list", "int64_list" or "bytes_list"
+  parse_dtype: str = ""  # the dtype a reader parses one value to
+  categorical = False  # one of a vocabulary, looked up as an id
+  image = False  # an image (raw pixels or an image file's bytes), checked and decoded as one
+  takes_uri = False  # the column may hold file URIs whose bytes are the value (`"uri": true`)
 
-  def parse_shape(self, feature: schema_lib.Feature) -> tuple[int, ...]:
+  def settings(self, raw: dict[str, Any], *, name: str, source: str) -> dict[str, Any]:
+    """The `Feature` fields this kind reads from a schema.json feature `raw`, checked (`source` names the file)."""
+    del raw, name, source
+    return {}
+
+  def default(self, value: Any, *, name: str, source: str) -> Any:
+    """A feature's `"default"` (the value a missing field takes), checked."""
+    textual = self.holds == STRING
+    if self.holds == BYTES or textual != isinstance(value, str) or (self.holds == NUMBER and not is_number(value)):
+      raise UserError(f"schema {source}: feature {name!r} ({self.type}) has default {value!r}; expected "
+                      f"{'a string' if textual else 'a number'} (images take no default)")
+    return value
+
+  def parse_shape(self, feature: Feature) -> tuple[int, ...]:
     return ()
 
-  def parse_dtype(self, feature: schema_lib.Feature) -> str:
-    return schema_lib.PARSE_DTYPES[self.type]
+  def values_per_example(self, feature: Feature) -> int:
+    """1 for a scalar; N for a numeric feature of shape [N] (images are one bytes value)."""
+    return 1
 
-  @property
-  def example_list(self) -> str:
-    return schema_lib.EXAMPLE_LISTS[self.type]
-
-  def example_values(self, feature: schema_lib.Feature, value: Any) -> list:
+  def example_values(self, feature: Feature, value: Any) -> list:
     """The values of the Example list for one example's `value`."""
     raise NotImplementedError
 
-  def json_kind(self, feature: schema_lib.Feature) -> str:
+  def json_kind(self, feature: Feature) -> str:
     raise NotImplementedError
 
-  def model_input(self, feature: schema_lib.Feature) -> Spec:
+  def model_input(self, feature: Feature) -> Spec:
     raise NotImplementedError
 
-  def serving_input(self, feature: schema_lib.Feature) -> Spec:
+  def serving_input(self, feature: Feature) -> Spec:
     raise NotImplementedError
 
-  def openapi(self, feature: schema_lib.Feature) -> dict[str, Any]:
+  def openapi(self, feature: Feature) -> dict[str, Any]:
     raise NotImplementedError
 
-  def encode(self, feature: schema_lib.Feature, value, *, table=None):
+  def encode(self, feature: Feature, value, *, table=None):
     """The model input for a batch of parsed values (`table`: the feature's vocabulary lookup, if any)."""
     raise NotImplementedError
 
-  def load(self, feature: schema_lib.Feature, value, *, cache: FileCache | None = None):
+  def load(self, feature: Feature, value, *, cache: FileCache | None = None):
     """The value a request would carry for a batch of parsed values: for a `uri` feature, the files' bytes (read
     in the input pipeline only, through `cache` if given: serving takes the value itself); else the values
     unchanged."""
     if not feature.uri:
       return value
-    return read_files(value, check_image=feature.type == "image", name=feature.name, cache=cache)
+    return read_files(value, check_image=self.image, name=feature.name, cache=cache)
+
+
+def is_number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 _NUMBER = {"type": "number", "format": "float"}
@@ -80,18 +112,37 @@ _NUMBER = {"type": "number", "format": "float"}
 class Numeric(Kind):
   """`float` and `int`: one number per example, or N (`"shape": [N]`); standardized by the built-in models."""
 
-  def __init__(self, type_name: str):
-    self.type = type_name
+  holds = NUMBER
+
+  def __init__(self, type_name: str, *, example_list: str, parse_dtype: str, cast: type):
+    self.type, self.example_list, self.parse_dtype, self._cast = type_name, example_list, parse_dtype, cast
+
+  def settings(self, raw, *, name, source):
+    shape = raw.get("shape")
+    if shape is None:
+      return {}
+    if not isinstance(shape, list) or len(shape) != 1 or not isinstance(shape[0], int) or shape[0] < 1:
+      raise UserError(f"schema {source}: numeric feature {name!r} has shape {shape!r}; expected [N] "
+                      "(N values per example)")
+    return {"shape": tuple(shape)}
+
+  def default(self, value, *, name, source):
+    value = super().default(value, name=name, source=source)
+    if self._cast is int and value != int(value):
+      raise UserError(f"schema {source}: {self.type} feature {name!r} has default {value!r}; expected an integer")
+    return self._cast(value)
+
+  def values_per_example(self, feature):
+    return feature.shape[0] if feature.shape else 1
 
   def parse_shape(self, feature):
-    return (feature.values_per_example,) if feature.values_per_example > 1 else ()
+    return (feature.shape[0],) if feature.shape and feature.shape[0] > 1 else ()
 
   def example_values(self, feature, value):
-    cast = int if self.type == "int" else float
-    return [cast(v) for v in (value if feature.values_per_example > 1 else [value])]
+    return [self._cast(v) for v in (value if self.values_per_example(feature) > 1 else [value])]
 
   def json_kind(self, feature):
-    return "array" if feature.values_per_example > 1 else "number"
+    return "array" if self.values_per_example(feature) > 1 else "number"
 
   def model_input(self, feature):
     return Spec(self.parse_shape(feature), "float32")
@@ -100,9 +151,9 @@ class Numeric(Kind):
     return Spec(self.parse_shape(feature), "float32")
 
   def openapi(self, feature):
-    if feature.values_per_example > 1:
-      return {"type": "array", "items": dict(_NUMBER), "minItems": feature.values_per_example,
-              "maxItems": feature.values_per_example}
+    size = self.values_per_example(feature)
+    if size > 1:
+      return {"type": "array", "items": dict(_NUMBER), "minItems": size, "maxItems": size}
     return dict(_NUMBER)
 
   def encode(self, feature, value, *, table=None):
@@ -114,7 +165,14 @@ class Numeric(Kind):
 class Categorical(Kind):
   """`string`: one of a vocabulary; encoded as an id (0 is out of vocabulary), embedded by the built-in models."""
 
-  type = "string"
+  type, holds, example_list, parse_dtype = "string", STRING, "bytes_list", "string"
+  categorical = True
+
+  def settings(self, raw, *, name, source):
+    vocabulary = raw.get("vocabulary")
+    if not isinstance(vocabulary, list) or not vocabulary or not all(isinstance(v, str) for v in vocabulary):
+      raise UserError(f"schema {source}: string feature {name!r} needs a non-empty 'vocabulary' of strings")
+    return {"vocabulary": tuple(vocabulary)}
 
   def example_values(self, feature, value):
     return [value if isinstance(value, bytes) else str(value).encode()]
@@ -142,7 +200,39 @@ class Text(Kind):
   """`text`: free text. Every model gets the raw string (the built-in ones tokenize it in the graph with Keras'
   `TextVectorization` over the schema's token vocabulary, which TF Serving runs as plain string and lookup ops)."""
 
-  type = "text"
+  type, holds, example_list, parse_dtype = "text", STRING, "bytes_list", "string"
+  takes_uri = True
+
+  def settings(self, raw, *, name, source):
+    """The token vocabulary, sequence length and word pairs, checked."""
+    vocabulary = raw.get("vocabulary")
+    if (not isinstance(vocabulary, list) or not vocabulary or not all(isinstance(v, str) for v in vocabulary)
+        or len(set(vocabulary)) != len(vocabulary)):
+      raise UserError(f"schema {source}: text feature {name!r} needs a 'vocabulary': a non-empty list of distinct "
+                      "tokens (python -m trainer.schema_inference writes one from the data)")
+    # Whitespace as TensorFlow's string split (and so TextVectorization) knows it: ASCII only; a no-break space is
+    # part of a token.
+    bad = [token for token in vocabulary if token in RESERVED_TOKENS or any(c in " \t\n\r\f\v" for c in token)]
+    if bad:
+      raise UserError(f"schema {source}: text feature {name!r} has vocabulary entry {bad[0]!r}; tokens hold no "
+                      f"whitespace, and {RESERVED_TOKENS[1]!r} and '' are reserved (out of vocabulary, padding)")
+    sequence_length = raw.get("sequence_length", DEFAULT_SEQUENCE_LENGTH)
+    if not isinstance(sequence_length, int) or isinstance(sequence_length, bool) or sequence_length < 1:
+      raise UserError(f"schema {source}: text feature {name!r} has sequence_length {sequence_length!r}; expected a "
+                      "positive integer")
+    bigrams = raw.get("bigrams")
+    if bigrams is not None:
+      if (not isinstance(bigrams, list) or not all(isinstance(b, str) for b in bigrams)
+          or len(set(bigrams)) != len(bigrams)):
+        raise UserError(f"schema {source}: text feature {name!r} has 'bigrams' {str(bigrams)[:80]}; expected a list "
+                        "of distinct word pairs, each two tokens and one space between (\"not bad\")")
+      bad = [b for b in bigrams if len(b.split(" ")) != 2 or not all(b.split(" "))
+             or any(c in "\t\n\r\f\v" for c in b) or any(t in RESERVED_TOKENS for t in b.split(" "))]
+      if bad:
+        raise UserError(f"schema {source}: text feature {name!r} has bigram {bad[0]!r}; a bigram is two tokens and "
+                        "one space between (\"not bad\"), neither token reserved")
+      bigrams = tuple(bigrams)
+    return {"vocabulary": tuple(vocabulary), "sequence_length": sequence_length, "bigrams": bigrams}
 
   def example_values(self, feature, value):
     return [value if isinstance(value, bytes) else str(value).encode()]
@@ -180,7 +270,28 @@ def text_tokens(text: str) -> list[str]:
 class Image(Kind):
   """`image`: raw uint8 bytes of the schema's shape, or PNG/JPEG bytes decoded (and resized) in the graph."""
 
-  type = "image"
+  type, holds, example_list, parse_dtype = "image", BYTES, "bytes_list", "string"
+  takes_uri = image = True
+
+  def settings(self, raw, *, name, source):
+    shape = raw.get("shape")
+    if not isinstance(shape, list) or len(shape) != 3 or not all(isinstance(d, int) and d > 0 for d in shape):
+      raise UserError(f"schema {source}: image feature {name!r} needs 'shape': [height, width, channels], "
+                      f"got {shape!r}")
+    encoding = raw.get("encoding", "raw")
+    if encoding not in IMAGE_ENCODINGS:
+      raise UserError(f"schema {source}: image feature {name!r} has encoding {encoding!r}; expected one of "
+                      f"{', '.join(IMAGE_ENCODINGS)}")
+    if encoding != "raw" and shape[2] not in (1, 3, 4):
+      raise UserError(f"schema {source}: image feature {name!r} is {encoding} with {shape[2]} channels; "
+                      "expected 1, 3 or 4")
+    if raw.get("uri") is True and encoding == "raw":
+      encoding = "jpeg"  # files are encoded images; decode_image reads PNG, JPEG, GIF and BMP alike
+    max_value = raw.get("max_value")
+    if max_value is not None and not (is_number(max_value) and max_value > 0):
+      raise UserError(f"schema {source}: image feature {name!r} has max_value {max_value!r}; expected a "
+                      "positive number")
+    return {"shape": tuple(shape), "encoding": encoding, "max_value": None if max_value is None else float(max_value)}
 
   def example_values(self, feature, value):
     return [value if isinstance(value, bytes) else value.tobytes()]
@@ -192,13 +303,13 @@ class Image(Kind):
     return Spec(tuple(feature.shape), "float32")
 
   def serving_input(self, feature):
-    if feature.encoding in schema_lib.ENCODED_IMAGES:
+    if feature.encoding in ENCODED_IMAGES:
       # An image file's bytes; in Vertex's JSON instances {"b64": "..."}, which TF Serving decodes for string inputs.
       return Spec((), "string")
     return Spec(tuple(feature.shape), "float32")
 
   def openapi(self, feature):
-    if feature.encoding in schema_lib.ENCODED_IMAGES:
+    if feature.encoding in ENCODED_IMAGES:
       # Binary strings travel as {"b64": ...} in Vertex's JSON instances.
       return {"type": "object", "required": ["b64"], "properties": {"b64": {"type": "string", "format": "byte"}},
               "description": "an image file's bytes (PNG, JPEG, GIF or BMP), base64"}
@@ -304,7 +415,7 @@ def _read_each(uris):
 URI_PROBLEM = "[uri]"  # marks a data check about a file a column names: data_errors reports it as it is
 
 
-def _decode_images(data, feature: schema_lib.Feature):
+def _decode_images(data, feature: Feature):
   """uint8 or float32 [batch, height, width, channels] from raw bytes or image files' bytes, PNG, JPEG, GIF (its
   first frame) or BMP (resized to the schema's shape where an image differs, as Keras'
   image_dataset_from_directory does)."""
@@ -333,11 +444,18 @@ def _decode_images(data, feature: schema_lib.Feature):
   return tf.map_fn(decode, data, fn_output_signature=tf.TensorSpec(feature.shape, tf.float32), parallel_iterations=32)
 
 
-KINDS: dict[str, Kind] = {"float": Numeric("float"), "int": Numeric("int"), "string": Categorical(),
-                          "text": Text(), "image": Image()}
-assert tuple(KINDS) == schema_lib.FEATURE_TYPES, "every schema feature type has its kind"
+KINDS: dict[str, Kind] = {kind.type: kind for kind in (
+    Numeric("float", example_list="float_list", parse_dtype="float32", cast=float),
+    Numeric("int", example_list="int64_list", parse_dtype="int64", cast=int),
+    Categorical(), Text(), Image())}
 
 
-def of(feature: schema_lib.Feature) -> Kind:
+def register(kind: Kind) -> Kind:
+  """Adds a kind (its `type` becomes a schema feature type); returns it."""
+  KINDS[kind.type] = kind
+  return kind
+
+
+def of(feature: Feature) -> Kind:
   """The kind of `feature` (its schema type)."""
   return KINDS[feature.type]

@@ -87,11 +87,11 @@ class FeatureEncoder:
   def encode_records(self, columns, *, file_cache: feature_kinds.FileCache | None = None):
     """`encode` after reading the files `uri` features name (the input pipeline's path; serving takes values),
     through `file_cache` when given."""
-    return self.encode({f.name: feature_kinds.of(f).load(f, columns[f.name], cache=file_cache)
+    return self.encode({f.name: f.kind.load(f, columns[f.name], cache=file_cache)
                         for f in self._schema.features})
 
   def encode(self, columns):
-    return {feature.input_name: feature_kinds.of(feature).encode(feature, columns[feature.name],
+    return {feature.input_name: feature.kind.encode(feature, columns[feature.name],
                                                                   table=self._tables.get(feature.name))
             for feature in self._schema.features}
 
@@ -102,6 +102,6 @@ def raw_serving_specs(schema: schema_lib.Schema):
 
   specs = {}
   for feature in schema.features:
-    spec = feature_kinds.of(feature).serving_input(feature)
+    spec = feature.kind.serving_input(feature)
     specs[feature.name] = tf.TensorSpec((None,) + spec.shape, spec.dtype, name=feature.input_name)
   return specs

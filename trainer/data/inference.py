@@ -585,7 +585,7 @@ def _text_feature(column: _Column, words: dict[str, int], mean_words: float, con
     return [key for key, count in sorted(counter.items(), key=lambda item: (-item[1], item[0]))
             if count >= config.vocab_min_count][:config.max_vocab_size]
 
-  reserved = set(schema_lib.RESERVED_TOKENS)
+  reserved = set(feature_kinds.RESERVED_TOKENS)
   vocabulary = most_frequent(collections.Counter({t: c for t, c in token_counts.items() if t not in reserved}))
   # Word pairs too ("not good"): measured on Rotten Tomatoes (scripts/bench/models.py), the bag of words and word
   # pairs reaches TF-IDF + logistic regression over both, where the words alone stayed 0.01 below it.

@@ -106,7 +106,7 @@ def make_dataset_fn(files: list[str], schema: schema_lib.Schema, *, source: form
 
 
 def _shuffle_before_encoding(schema: schema_lib.Schema) -> bool:
-  return any(f.type == "image" for f in schema.features)
+  return any(f.is_image for f in schema.features)
 
 
 def _select(features, labels, names):

@@ -49,20 +49,10 @@ from typing import Any
 
 from trainer.core import paths
 from trainer.core.errors import UserError
+from trainer.data import feature_kinds
 
-FEATURE_TYPES = ("float", "int", "string", "text", "image")
 LABEL_TYPES = ("int", "float", "string")
-IMAGE_ENCODINGS = ("raw", "png", "jpeg", "gif", "bmp")
-ENCODED_IMAGES = IMAGE_ENCODINGS[1:]  # image files' bytes, decoded in the input pipeline (any of them, whatever it says)
 DEFAULT_IMAGE_MAX = 255.0
-# Each schema type's `tf.train.Example` list and the dtype it parses to (TensorFlow dtype names, so this module
-# imports no TensorFlow). The one table every reader, checker and converter uses.
-EXAMPLE_LISTS = {"float": "float_list", "int": "int64_list", "string": "bytes_list", "text": "bytes_list",
-                 "image": "bytes_list"}
-PARSE_DTYPES = {"float": "float32", "int": "int64", "string": "string", "text": "string", "image": "string"}
-DEFAULT_SEQUENCE_LENGTH = 64
-# What Keras' TextVectorization reserves: index 0 pads, index 1 is the out-of-vocabulary token.
-RESERVED_TOKENS = ("", "[UNK]")
 SCHEMA_FILE = paths.SCHEMA_FILE
 
 
@@ -82,13 +72,27 @@ class Feature:
   uri: bool = False  # images and text: the column holds the URI of a file whose bytes are the value
 
   @property
+  def kind(self) -> feature_kinds.Kind:
+    """Its type's behaviour (`trainer.data.feature_kinds`)."""
+    return feature_kinds.KINDS[self.type]
+
+  @property
   def is_categorical(self) -> bool:
-    return self.type == "string"
+    return self.kind.categorical
+
+  @property
+  def is_numeric(self) -> bool:
+    """One number per example, or N (`"shape": [N]`)."""
+    return self.kind.holds == feature_kinds.NUMBER
+
+  @property
+  def is_image(self) -> bool:
+    return self.kind.image
 
   @property
   def is_textual(self) -> bool:
     """A string value per example: a category or free text (both parse to a tf.string)."""
-    return self.type in ("string", "text")
+    return self.kind.holds == feature_kinds.STRING
 
   @property
   def input_name(self) -> str:
@@ -98,7 +102,7 @@ class Feature:
   @property
   def values_per_example(self) -> int:
     """1 for a scalar; N for a numeric feature of shape [N] (images are one bytes value)."""
-    return self.shape[0] if self.shape and self.type in ("float", "int") else 1
+    return self.kind.values_per_example(self)
 
   @property
   def image_scale(self) -> float:
@@ -114,6 +118,11 @@ class Label:
   mean: float | None = None  # a regression label: the built-in models predict (y - mean) / std, serve y
   std: float | None = None
   multi_label: bool = False  # a list of class names per record: an independent yes/no per class
+
+  @property
+  def kind(self) -> feature_kinds.Kind:
+    """Its type's behaviour: how a record and a tf.train.Example hold it (a label type is a feature type)."""
+    return feature_kinds.KINDS[self.type]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,70 +174,25 @@ def parse_schema(value: Any, *, source: str) -> Schema:
       raise UserError(f"schema {source}: feature {name!r} is listed twice")
     seen.add(name)
     kind = raw.get("type")
-    if kind not in FEATURE_TYPES:
+    if kind not in feature_kinds.KINDS:  # each type's behaviour, its settings included, is a class there
       raise UserError(f"schema {source}: feature {name!r} has type {kind!r}; expected one of "
-                      f"{', '.join(FEATURE_TYPES)}")
-    vocabulary = raw.get("vocabulary")
-    sequence_length = bigrams = None
-    if kind == "string":
-      if not isinstance(vocabulary, list) or not vocabulary or not all(isinstance(v, str) for v in vocabulary):
-        raise UserError(f"schema {source}: string feature {name!r} needs a non-empty 'vocabulary' of strings")
-      vocabulary = tuple(vocabulary)
-    elif kind == "text":
-      vocabulary, sequence_length, bigrams = _text_settings(raw, name=name, source=source)
-    else:
-      vocabulary = None
-    shape = raw.get("shape")
-    encoding, max_value = None, None
-    if kind == "image":
-      if (not isinstance(shape, list) or len(shape) != 3
-          or not all(isinstance(d, int) and d > 0 for d in shape)):
-        raise UserError(f"schema {source}: image feature {name!r} needs 'shape': [height, width, channels], "
-                        f"got {shape!r}")
-      shape = tuple(shape)
-      encoding = raw.get("encoding", "raw")
-      if encoding not in IMAGE_ENCODINGS:
-        raise UserError(f"schema {source}: image feature {name!r} has encoding {encoding!r}; expected one of "
-                        f"{', '.join(IMAGE_ENCODINGS)}")
-      if encoding != "raw" and shape[2] not in (1, 3, 4):
-        raise UserError(f"schema {source}: image feature {name!r} is {encoding} with {shape[2]} channels; "
-                        "expected 1, 3 or 4")
-      max_value = raw.get("max_value")
-      if max_value is not None and not (_is_number(max_value) and max_value > 0):
-        raise UserError(f"schema {source}: image feature {name!r} has max_value {max_value!r}; expected a "
-                        "positive number")
-      max_value = None if max_value is None else float(max_value)
-    elif kind in ("float", "int") and shape is not None:
-      if not isinstance(shape, list) or len(shape) != 1 or not isinstance(shape[0], int) or shape[0] < 1:
-        raise UserError(f"schema {source}: numeric feature {name!r} has shape {shape!r}; expected [N] "
-                        "(N values per example)")
-      shape = tuple(shape)
-    else:
-      shape = None
-    size = shape[0] if shape and kind in ("float", "int") else 1
+                      f"{', '.join(feature_kinds.KINDS)}")
+    kind_of = feature_kinds.KINDS[kind]
+    settings = kind_of.settings(raw, name=name, source=source)
+    size = kind_of.values_per_example(Feature(name=name, type=kind, **settings))
     mean = _stat(raw.get("mean"), size, name=name, key="mean", source=source)
     std = _stat(raw.get("std"), size, name=name, key="std", source=source)
     if std is not None and not all(s > 0 for s in (std if isinstance(std, tuple) else (std,))):
       raise UserError(f"schema {source}: feature {name!r} has std {raw.get('std')!r}; expected a positive number")
     uri = raw.get("uri", False)
-    if uri not in (True, False) or (uri and kind not in ("image", "text")):
-      raise UserError(f"schema {source}: feature {name!r} ({kind}) has uri {uri!r}; only image and text features "
+    if uri not in (True, False) or (uri and not kind_of.takes_uri):
+      takers = " and ".join(k.type for k in feature_kinds.KINDS.values() if k.takes_uri)
+      raise UserError(f"schema {source}: feature {name!r} ({kind}) has uri {uri!r}; only {takers} features "
                       "take \"uri\": true (the column holds file URIs)")
-    if uri and kind == "image" and encoding == "raw":
-      encoding = "jpeg"  # files are encoded images; decode_image reads PNG, JPEG, GIF and BMP alike
     default = raw.get("default")
     if default is not None:
-      textual = kind in ("string", "text")
-      if kind == "image" or textual != isinstance(default, str) or (
-          kind in ("float", "int") and not _is_number(default)):
-        raise UserError(f"schema {source}: feature {name!r} ({kind}) has default {default!r}; expected "
-                        f"{'a string' if textual else 'a number'} (images take no default)")
-      if kind == "int" and default != int(default):
-        raise UserError(f"schema {source}: int feature {name!r} has default {default!r}; expected an integer")
-      default = int(default) if kind == "int" else float(default) if kind == "float" else default
-    features.append(Feature(name=name, type=kind, vocabulary=vocabulary, shape=shape, mean=mean, std=std,
-                            default=default, encoding=encoding, max_value=max_value,
-                            sequence_length=sequence_length, bigrams=bigrams, uri=uri))
+      default = kind_of.default(default, name=name, source=source)
+    features.append(Feature(name=name, type=kind, mean=mean, std=std, default=default, uri=uri, **settings))
   raw_label = value["label"]
   if not isinstance(raw_label, dict) or not isinstance(raw_label.get("name"), str):
     raise UserError(f"schema {source}: 'label' needs a 'name'")
@@ -288,39 +252,6 @@ def parse_schema(value: Any, *, source: str) -> Schema:
                 csv_columns=csv_columns)
 
 
-def _text_settings(raw: dict[str, Any], *, name: str,
-                   source: str) -> tuple[tuple[str, ...], int, tuple[str, ...] | None]:
-  """A text feature's token vocabulary, sequence length and word pairs, checked."""
-  vocabulary = raw.get("vocabulary")
-  if (not isinstance(vocabulary, list) or not vocabulary or not all(isinstance(v, str) for v in vocabulary)
-      or len(set(vocabulary)) != len(vocabulary)):
-    raise UserError(f"schema {source}: text feature {name!r} needs a 'vocabulary': a non-empty list of distinct "
-                    "tokens (python -m trainer.schema_inference writes one from the data)")
-  # Whitespace as TensorFlow's string split (and so TextVectorization) knows it: ASCII only; a no-break space is
-  # part of a token.
-  bad = [token for token in vocabulary if token in RESERVED_TOKENS or any(c in " \t\n\r\f\v" for c in token)]
-  if bad:
-    raise UserError(f"schema {source}: text feature {name!r} has vocabulary entry {bad[0]!r}; tokens hold no "
-                    f"whitespace, and {RESERVED_TOKENS[1]!r} and '' are reserved (out of vocabulary, padding)")
-  sequence_length = raw.get("sequence_length", DEFAULT_SEQUENCE_LENGTH)
-  if not isinstance(sequence_length, int) or isinstance(sequence_length, bool) or sequence_length < 1:
-    raise UserError(f"schema {source}: text feature {name!r} has sequence_length {sequence_length!r}; expected a "
-                    "positive integer")
-  bigrams = raw.get("bigrams")
-  if bigrams is not None:
-    if (not isinstance(bigrams, list) or not all(isinstance(b, str) for b in bigrams)
-        or len(set(bigrams)) != len(bigrams)):
-      raise UserError(f"schema {source}: text feature {name!r} has 'bigrams' {str(bigrams)[:80]}; expected a list of "
-                      "distinct word pairs, each two tokens and one space between (\"not bad\")")
-    bad = [b for b in bigrams if len(b.split(" ")) != 2 or not all(b.split(" "))
-           or any(c in "\t\n\r\f\v" for c in b) or any(t in RESERVED_TOKENS for t in b.split(" "))]
-    if bad:
-      raise UserError(f"schema {source}: text feature {name!r} has bigram {bad[0]!r}; a bigram is two tokens and "
-                      "one space between (\"not bad\"), neither token reserved")
-    bigrams = tuple(bigrams)
-  return tuple(vocabulary), sequence_length, bigrams
-
-
 def safe_name(column: str) -> str:
   """`column` as a TensorFlow/Keras name: each character outside [A-Za-z0-9_.-] becomes "_" (real headers hold
   spaces and parentheses, e.g. "sepal length (cm)" -> "sepal_length__cm_"), a leading "_" or "-" gets "f"."""
@@ -328,17 +259,16 @@ def safe_name(column: str) -> str:
   return name if name[:1].isalnum() or name[:1] == "." else "f" + name
 
 
-def _is_number(value: Any) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool)
+is_number = feature_kinds.is_number
 
 
 def _stat(value: Any, size: int, *, name: str, key: str, source: str) -> float | tuple[float, ...] | None:
   """A feature's mean or std: one number, or (multi-valued features) one number or a list of `size`."""
   if value is None:
     return None
-  if _is_number(value):
+  if is_number(value):
     return float(value)
-  if size > 1 and isinstance(value, list) and len(value) == size and all(_is_number(v) for v in value):
+  if size > 1 and isinstance(value, list) and len(value) == size and all(is_number(v) for v in value):
     return tuple(float(v) for v in value)
   raise UserError(f"schema {source}: feature {name!r} has {key} {value!r}; expected a number"
                   + (f" or a list of {size}" if size > 1 else ""))

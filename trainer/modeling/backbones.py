@@ -97,7 +97,7 @@ def build(schema: schema_lib.Schema, model_config: config_lib.ModelConfig, hpara
 
   name = model_config.name
   spec = BACKBONES[name]
-  images = [f for f in schema.features if f.type == "image"]
+  images = [f for f in schema.features if f.is_image]
   if not images:
     raise UserError(f"--model={name} needs an image feature in the schema (type 'image'); use --model=tabular")
   feature = images[0]

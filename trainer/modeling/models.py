@@ -38,7 +38,6 @@ from absl import logging
 from trainer.core import config as config_lib
 from trainer.core.errors import first_line
 from trainer.core.errors import UserError
-from trainer.data import feature_kinds
 from trainer.data import schema as schema_lib
 
 
@@ -164,7 +163,7 @@ def sample_batch(schema: schema_lib.Schema, size: int = 2) -> dict[str, Any]:
 
   batch = {}
   for feature in schema.features:
-    spec = feature_kinds.of(feature).model_input(feature)
+    spec = feature.kind.model_input(feature)
     batch[feature.input_name] = tf.zeros((size,) + spec.shape, spec.dtype)
   return batch
 
@@ -226,7 +225,7 @@ def output_activation(model) -> str | None:
 
 
 def _numeric_features(schema: schema_lib.Schema) -> list[schema_lib.Feature]:
-  return [f for f in schema.features if f.type in ("float", "int")]
+  return [f for f in schema.features if f.is_numeric]
 
 
 def adapt_to_contract(model, schema: schema_lib.Schema, *, flag: str):
@@ -405,7 +404,7 @@ def model_inputs(schema: schema_lib.Schema) -> dict[str, Any]:
 
   inputs = {}
   for feature in schema.features:
-    spec = feature_kinds.of(feature).model_input(feature)
+    spec = feature.kind.model_input(feature)
     inputs[feature.input_name] = tf.keras.Input(shape=spec.shape, dtype=spec.dtype, name=feature.input_name)
   return inputs
 
@@ -425,9 +424,9 @@ def build_tabular(schema: schema_lib.Schema, model_config: config_lib.ModelConfi
     if feature.is_categorical:
       size = len(feature.vocabulary) + 1
       x = layers.Embedding(size, min(8, size), name=f"{feature.input_name}_embedding")(x)
-    elif feature.type == "image":
+    elif feature.is_image:
       x = layers.Flatten()(layers.Rescaling(feature.image_scale)(x))
-    elif feature.type == "text":
+    elif feature.is_textual:  # free text (a category is embedded above)
       x = bag_of_words(feature, x)
     else:
       x = layers.Reshape((feature.values_per_example,))(x)
@@ -490,7 +489,7 @@ def build_cnn(schema: schema_lib.Schema, model_config: config_lib.ModelConfig,
   del hparams
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  images = [f for f in schema.features if f.type == "image"]
+  images = [f for f in schema.features if f.is_image]
   if not images:
     raise UserError("--model=cnn needs an image feature in the schema (type 'image'); use --model=tabular")
   layers = tf.keras.layers

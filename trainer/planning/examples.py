@@ -9,6 +9,7 @@ from typing import Any, Iterator, Mapping
 
 from trainer.core.errors import UserError
 from trainer.data import feature_kinds
+from trainer.data.feature_kinds import BYTES, STRING
 from trainer.data import formats
 from trainer.data import schema as schema_lib
 
@@ -23,15 +24,15 @@ def serialize(values: Mapping[str, Any], schema: schema_lib.Schema) -> bytes:
   for column in schema.features:
     value = values.get(column.name)
     if value is not None:
-      kind = feature_kinds.of(column)
+      kind = column.kind
       feature[column.name] = tf.train.Feature(
           **{kind.example_list: lists[kind.example_list](value=kind.example_values(column, value))})
   label = schema.label
   value = values.get(label.name)
   if value is not None:
-    example_list = schema_lib.EXAMPLE_LISTS[label.type]
-    label_value = (value if isinstance(value, bytes) else str(value).encode()) if label.type == "string" else (
-        int(value) if label.type == "int" else float(value))
+    example_list = label.kind.example_list
+    label_value = (value if isinstance(value, bytes) else str(value).encode()) if label.kind.holds == STRING else (
+        int(value) if example_list == "int64_list" else float(value))
     feature[label.name] = tf.train.Feature(**{example_list: lists[example_list](value=[label_value])})
   return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
@@ -56,8 +57,7 @@ def record_values(record: Mapping[str, Any], schema: schema_lib.Schema, source: 
   values: dict[str, Any] = {}
   for name in schema.columns:
     feature = None if name == schema.label.name else schema.feature(name)
-    kind = feature.type if feature is not None else schema.label.type
-    textual = kind in ("string", "text")
+    kind = feature.kind if feature is not None else schema.label.kind
     count = feature.values_per_example if feature is not None else 1
     try:
       # Missing where the input pipeline takes the default: "" in CSV (decode_csv's default fills it); JSONL and
@@ -68,15 +68,15 @@ def record_values(record: Mapping[str, Any], schema: schema_lib.Schema, source: 
           raise ValueError(f"column {name!r} is empty and the schema gives it no default")
         values[name] = [feature.default] * count if count > 1 else feature.default
         continue
-      if kind == "image" and not (feature is not None and feature.uri):
+      if kind.holds == BYTES and not (feature is not None and feature.uri):
         value = data_format.typed_value(name, value, kind=kind, count=count, feature=feature)  # the image's bytes
     except formats.ValueProblem as e:
       raise ValueError(str(e)) from None
     if feature is not None and feature.uri:
-      values[name] = value.encode() if kind == "image" else value  # a file's URI, read when training
-    elif kind == "image":
+      values[name] = value.encode() if kind.holds == BYTES else value  # a file's URI, read when training
+    elif kind.holds == BYTES:
       values[name] = value
-    elif textual:
+    elif kind.holds == STRING:
       values[name] = value if isinstance(value, str) else str(value)  # Parquet: an int column read as strings
     else:
       numbers = [_number(name, v, kind) for v in (value if isinstance(value, list) else [value])]
@@ -84,9 +84,9 @@ def record_values(record: Mapping[str, Any], schema: schema_lib.Schema, source: 
   return values
 
 
-def _number(name: str, value: Any, kind: str) -> float | int:
-  """A CSV field (text), JSON or Parquet number as the schema's `kind`; an int is a whole number."""
-  if kind != "int":
+def _number(name: str, value: Any, kind: feature_kinds.Kind) -> float | int:
+  """A CSV field (text), JSON or Parquet number as the schema's `kind` holds it; an int is a whole number."""
+  if kind.example_list != "int64_list":
     return float(value)
   if isinstance(value, int):  # JSON and Parquet integers (and booleans): exact, however large
     return int(value)

@@ -21,6 +21,7 @@ from trainer.core import paths
 from trainer.core import storage
 from trainer.core.errors import first_line
 from trainer.core.errors import UserError
+from trainer.data import feature_kinds
 from trainer.data import formats
 from trainer.data import inference as schema_inference
 from trainer.data import schema as schema_lib
@@ -99,7 +100,7 @@ def check_inputs(config: config_lib.Config) -> Inputs:
     check_first_record(files[split][0], sources[split], schema, flag=flag)
   for split, (flag, _) in splits.items():
     check_split(files[split], sources[split], schema, flag=flag, budget=data_cfg.preflight_records)
-  if config.model.name in model_registry.IMAGE_MODELS and not any(f.type == "image" for f in schema.features):
+  if config.model.name in model_registry.IMAGE_MODELS and not any(f.is_image for f in schema.features):
     raise UserError(f"--model={config.model.name} needs an image feature in the schema (type 'image'); use "
                     "--model=tabular")
   for split, (flag, _) in splits.items():
@@ -313,7 +314,7 @@ def file_problem(uri: str, feature: schema_lib.Feature) -> str | None:
       data = f.read()
   except tf.errors.OpError as e:
     return f"cannot be read ({first_line(e)})"
-  if feature.type == "image":
+  if feature.is_image:
     problem = schema_inference.image_problem(data)
     return f"is {problem}" if problem else None
   return None
@@ -321,7 +322,7 @@ def file_problem(uri: str, feature: schema_lib.Feature) -> str | None:
 
 def named_uri(record: dict[str, Any], feature: schema_lib.Feature, source: formats.Source) -> str | None:
   """The file a `uri` feature names in a record that `record_problem` passed, or None where it names none."""
-  value = formats.FORMATS[source.format].present_value(feature.name, record.get(feature.name), kind=feature.type,
+  value = formats.FORMATS[source.format].present_value(feature.name, record.get(feature.name), kind=feature.kind,
                                                        count=1, record=record)
   if isinstance(value, bytes):
     value = value.decode("utf-8", errors="replace")
@@ -339,7 +340,7 @@ def record_problem(record: dict[str, Any], schema: schema_lib.Schema, source: fo
   what = data_format.value_word
   for name in schema.columns:
     feature = None if name == label.name else schema.feature(name)
-    kind = feature.type if feature else label.type
+    kind = feature.kind if feature else label.kind
     value = record.get(name)
     if feature is None and label.multi_label:
       problem = _class_list_problem(name, value, label)
@@ -392,11 +393,12 @@ def _uri_problem(what: str, name: str, value: Any) -> str | None:
   return None
 
 
-def _value_problem(what: str, name: str, kind: str, value: Any, feature, label: schema_lib.Label) -> str | None:
+def _value_problem(what: str, name: str, kind: feature_kinds.Kind, value: Any, feature,
+                   label: schema_lib.Label) -> str | None:
   """What the value model's rules refuse, in every format alike: an image that does not decode (or raw bytes of
   another size), a NaN or infinity, a label that is not one of the classes."""
-  if kind == "image":
-    if feature.encoding in schema_lib.ENCODED_IMAGES:
+  if kind.image:
+    if feature.encoding in feature_kinds.ENCODED_IMAGES:
       problem = schema_inference.image_problem(value)
       if problem:
         return f"{what} {name!r} is {problem}"
@@ -405,7 +407,7 @@ def _value_problem(what: str, name: str, kind: str, value: Any, feature, label: 
       if len(value) != size:
         return f"image {what} {name!r} has {len(value)} bytes; shape {list(feature.shape)} needs {size}"
     return None
-  if kind not in ("string", "text"):  # one number or a list of them (a vector feature)
+  if kind.holds == feature_kinds.NUMBER:  # one number or a list of them (a vector feature)
     numbers = value if isinstance(value, list) else [value]
     bad = next((v for v in numbers if isinstance(v, float) and not math.isfinite(v)), None)
     if bad is not None:

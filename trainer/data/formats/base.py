@@ -18,6 +18,8 @@ from typing import Any, Callable, Iterator
 
 from trainer.core.errors import first_line
 from trainer.core.errors import UserError
+from trainer.data.feature_kinds import Kind
+from trainer.data.feature_kinds import STRING
 
 COMPRESSED_EXTENSIONS = {".gz": "GZIP", ".gzip": "GZIP", ".zz": "ZLIB", ".zlib": "ZLIB", ".deflate": "ZLIB"}
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -75,18 +77,18 @@ class ExampleValues:
   values: list
 
 
-def python_value(name: str, value: Any, *, kind: str, count: int, ints_as_text: bool = False) -> Any:
+def python_value(name: str, value: Any, *, kind: Kind, count: int, ints_as_text: bool = False) -> Any:
   """A JSON or pyarrow value as the value model holds `kind`: a list of `count` numbers, a str (an int too where
   `ints_as_text`: a column of ids read as strings), or a number."""
   if count > 1:
     if not (isinstance(value, list) and len(value) == count
             and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
       raise ValueProblem(f"column {name!r} holds {str(value)[:40]}; the schema expects a list of {count} numbers")
-  elif kind in ("string", "text"):
+  elif kind.holds == STRING:
     if not isinstance(value, str) and not (ints_as_text and isinstance(value, int)):
-      raise ValueProblem(f"column {name!r} holds {value!r}, but the schema says {kind} (a string)")
+      raise ValueProblem(f"column {name!r} holds {value!r}, but the schema says {kind.type} (a string)")
   elif not isinstance(value, (int, float)):
-    raise ValueProblem(f"column {name!r} holds {value!r}, but the schema says {kind} (a number)")
+    raise ValueProblem(f"column {name!r} holds {value!r}, but the schema says {kind.type} (a number)")
   return value
 
 
@@ -166,13 +168,13 @@ class DataFormat:
 
   # ----- a record's values in the trainer's value model (what pre-flight checks and the Example writer writes) ---
 
-  def present_value(self, name: str, value: Any, *, kind: str, count: int, record: dict[str, Any]) -> Any:
+  def present_value(self, name: str, value: Any, *, kind: Kind, count: int, record: dict[str, Any]) -> Any:
     """`value` (as `records` yields it) or MISSING where the input pipeline reads none and takes the schema's
     default: absent or null, or "" where a number belongs (JSON and Parquet values, the default here; a "" string
     is a string). Raises ValueProblem for a value whose container cannot be the schema's (TFRecord: another
     list kind or length)."""
     del name, count, record
-    return MISSING if value is None or (value == "" and kind not in ("string", "text")) else value
+    return MISSING if value is None or (value == "" and kind.holds != STRING) else value
 
   def missing_problem(self, name: str, record: dict[str, Any], feature) -> str:
     """The clause for a MISSING value the schema gives no default (`feature` None: the label)."""
@@ -199,9 +201,9 @@ class DataFormat:
     differ, a column no schema type holds)."""
     del files, label, flag
 
-  def typed_value(self, name: str, value: Any, *, kind: str, count: int, feature) -> Any:
-    """A present value as the trainer's value model holds a `kind`: str (string, text), a number or a list of
-    `count` numbers (float, int), bytes (an image's encoded or raw bytes). Raises ValueProblem for a value of
+  def typed_value(self, name: str, value: Any, *, kind: Kind, count: int, feature) -> Any:
+    """A present value as the trainer's value model holds a `kind` (by `kind.holds`): a str (STRING), a number or
+    a list of `count` numbers (NUMBER), bytes (BYTES: an image's encoded or raw bytes). Raises ValueProblem for a value of
     another type (the format's own words). Default: the value is already so (checked by the model's rules)."""
     del name, kind, count, feature
     return value

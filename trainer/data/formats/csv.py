@@ -17,6 +17,9 @@ from absl import logging
 from trainer.core.errors import UserError
 from trainer.data import features as features_lib
 from trainer.data import schema as schema_lib
+from trainer.data.feature_kinds import BYTES
+from trainer.data.feature_kinds import Kind
+from trainer.data.feature_kinds import STRING
 from trainer.data.formats import base
 
 
@@ -53,7 +56,7 @@ class CsvFormat(base.DataFormat):
     return base.count_text_lines(files, source, skip=1 if source.header else 0)
 
   def check_schema(self, schema, source: base.Source, files: list[str], *, flag: str) -> None:
-    images = [f.name for f in schema.features if f.type == "image" and not f.uri]
+    images = [f.name for f in schema.features if f.kind.holds == BYTES and not f.uri]
     if images:
       raise UserError(f"{flag}: CSV cannot hold image feature(s) {', '.join(images)}; use TFRecord or JSONL, or "
                       "image URIs (\"uri\": true)")
@@ -67,7 +70,7 @@ class CsvFormat(base.DataFormat):
 
   converts_to_examples = True
 
-  def present_value(self, name: str, value: Any, *, kind: str, count: int, record: dict[str, Any]) -> Any:
+  def present_value(self, name: str, value: Any, *, kind: Kind, count: int, record: dict[str, Any]) -> Any:
     """Every field is text: an empty one is missing whatever its kind (decode_csv's default fills it)."""
     return base.MISSING if value is None or value == "" else value
 
@@ -75,14 +78,14 @@ class CsvFormat(base.DataFormat):
     """A field that reads as a number is one ("1e999" too: inference refuses its infinity); the rest is text."""
     return float(value) if isinstance(value, str) and is_number(value) else value
 
-  def typed_value(self, name: str, value: Any, *, kind: str, count: int, feature) -> Any:
+  def typed_value(self, name: str, value: Any, *, kind: Kind, count: int, feature) -> Any:
     """Text stays text; a number column's field must read as a finite number."""
-    if kind in ("string", "text"):
+    if kind.holds == STRING:
       return value
     if not is_number(value):
       if _non_finite_text(value):
         raise base.ValueProblem(base.non_finite_problem("column", name, value, feature))
-      raise base.ValueProblem(f"column {name!r} holds {value!r}, but the schema says {kind}")
+      raise base.ValueProblem(f"column {name!r} holds {value!r}, but the schema says {kind.type}")
     return float(value)
 
   def settled(self, source: base.Source, first_file: str, schema, *, csv_columns=None, csv_multiline=None,
@@ -157,7 +160,7 @@ def _tf_layout(schema: schema_lib.Schema, source: base.Source):
   defaults = []
   for _, name in ordered:
     feature = by_name.get(name)
-    text = (schema_lib.PARSE_DTYPES[feature.type] == "string") if feature else schema.label.type == "string"
+    text = (feature or schema.label).kind.parse_dtype == "string"  # strings, bytes, and file URIs of images
     dtype = tf.string if text else tf.float32
     default = feature.default if feature else None
     defaults.append(tf.constant([], dtype) if default is None else tf.constant([default], dtype))

@@ -10,7 +10,9 @@ import zlib
 from typing import Any, Iterator
 
 from trainer.core.errors import UserError
-from trainer.data import feature_kinds
+from trainer.data.feature_kinds import BYTES
+from trainer.data.feature_kinds import Kind
+from trainer.data.feature_kinds import STRING
 from trainer.data import features as features_lib
 from trainer.data import schema as schema_lib
 from trainer.data.formats import base
@@ -40,10 +42,10 @@ class JsonlFormat(base.DataFormat):
 
   converts_to_examples = True
 
-  def typed_value(self, name: str, value: Any, *, kind: str, count: int, feature) -> Any:
+  def typed_value(self, name: str, value: Any, *, kind: Kind, count: int, feature) -> Any:
     """An image is {"b64": "..."} (as Vertex and TF Serving write it), decoded to its bytes; the rest JSON's
     strings, numbers and arrays of numbers."""
-    if kind == "image":
+    if kind.holds == BYTES:
       if not isinstance(value, dict) or not isinstance(value.get("b64"), str):
         raise base.ValueProblem(f"column {name!r} holds {str(value)[:40]!r}; an image is {{'b64': '...'}} in JSONL")
       try:
@@ -195,9 +197,9 @@ def _json_value_kind(schema: schema_lib.Schema, name: str) -> str:
   if name == schema.label.name and schema.label.multi_label:
     return "class_list"
   if name == schema.label.name:
-    return "string" if schema.label.type == "string" else "number"
+    return "string" if schema.label.kind.holds == STRING else "number"
   feature = schema.feature(name)
-  return feature_kinds.of(feature).json_kind(feature)
+  return feature.kind.json_kind(feature)
 
 
 _ESCAPED_BACKSLASH = "\x02"  # a raw control character cannot be in a JSON string: a safe stand-in for \\

@@ -18,6 +18,10 @@ from typing import Any, Iterator
 from trainer.core.errors import first_line
 from trainer.core.errors import UserError
 from trainer.data import schema as schema_lib
+from trainer.data.feature_kinds import BYTES
+from trainer.data.feature_kinds import Kind
+from trainer.data.feature_kinds import NUMBER
+from trainer.data.feature_kinds import STRING
 from trainer.data.formats import base
 
 MAGIC = b"PAR1"
@@ -69,9 +73,9 @@ class ParquetFormat(base.DataFormat):
                       f"({len(unreadable)} such column(s): {', '.join(unreadable)}); cast it to a number or string "
                       "before writing (e.g. a timestamp to epoch seconds), or give a schema.json without it")
 
-  def typed_value(self, name: str, value: Any, *, kind: str, count: int, feature) -> Any:
+  def typed_value(self, name: str, value: Any, *, kind: Kind, count: int, feature) -> Any:
     """pyarrow's Python values: an image is binary; an int column may be read as strings (ids)."""
-    if kind == "image":
+    if kind.holds == BYTES:
       if not isinstance(value, bytes):
         raise base.ValueProblem(f"column {name!r} holds {str(value)[:40]!r}; an image is binary (bytes) in Parquet")
       return value
@@ -188,25 +192,25 @@ def iter_rows(path: str, *, flag: str) -> Iterator[tuple[str, dict[str, Any]]]:
     raise UserError(f"{flag}: {path} cannot be read as Parquet after row {number} ({first_line(e)})") from None
 
 
-def type_problem(arrow_type, kind: str, *, values_per_example: int = 1) -> str | None:
+def type_problem(arrow_type, kind: Kind, *, values_per_example: int = 1) -> str | None:
   """Why a column of `arrow_type` cannot hold a schema value of `kind`, or None."""
   pa = _pyarrow("--train_data")
   types = pa.types
   if types.is_dictionary(arrow_type):
     arrow_type = arrow_type.value_type
   numeric = types.is_integer(arrow_type) or types.is_floating(arrow_type) or types.is_boolean(arrow_type)
-  if kind in ("float", "int"):
+  if kind.holds == NUMBER:
     if values_per_example > 1:
       if (types.is_list(arrow_type) or types.is_large_list(arrow_type) or types.is_fixed_size_list(arrow_type)) and (
           types.is_integer(arrow_type.value_type) or types.is_floating(arrow_type.value_type)):
         return None
       return f"a list of {values_per_example} numbers"
     return None if numeric else "numbers (integer, floating point or boolean)"
-  if kind in ("string", "text"):
+  if kind.holds == STRING:
     if types.is_string(arrow_type) or types.is_large_string(arrow_type) or types.is_integer(arrow_type):
       return None
     return "strings"
-  if kind == "image":
+  if kind.holds == BYTES:
     return None if types.is_binary(arrow_type) or types.is_large_binary(arrow_type) else "binary (image bytes)"
   return "a type the trainer reads"
 
@@ -246,14 +250,14 @@ def check_types(path: str, schema: schema_lib.Schema, *, flag: str) -> None:
     if name not in found:
       raise UserError(f"{flag}: {path} has no column {name!r} (its columns: {', '.join(found)})")
     if name == schema.label.name:
-      kind, count = ("string" if schema.label.type == "string" else "float"), 1
+      kind, count = schema.label.kind, 1
     else:
       feature = schema.feature(name)
-      kind, count = feature.type, feature.values_per_example
+      kind, count = feature.kind, feature.values_per_example
     wanted = type_problem(found[name], kind, values_per_example=count)
     if wanted:
       raise UserError(f"{flag}: {path}: column {name!r} is Parquet type {found[name]}, which cannot hold the "
-                      f"schema's {kind}; expected {wanted}: cast it (pandas: df[{name!r}].astype(...)) before "
+                      f"schema's {kind.type}; expected {wanted}: cast it (pandas: df[{name!r}].astype(...)) before "
                       "writing, or leave it out of the schema")
 
 
@@ -343,7 +347,7 @@ def _columns(table, schema: schema_lib.Schema, *, path: str, flag: str) -> dict:
     if pa.types.is_dictionary(column.type):
       column = column.cast(column.type.value_type)
     feature = None if name == schema.label.name else schema.feature(name)
-    textual = feature.is_textual if feature else schema.label.type == "string"
+    holds = (feature or schema.label).kind.holds
     if column.null_count:
       default = feature.default if feature is not None else None
       if default is None:
@@ -351,8 +355,8 @@ def _columns(table, schema: schema_lib.Schema, *, path: str, flag: str) -> dict:
         raise ValueError(f"{features_lib.CHECK_PREFIX} Parquet column {name!r} holds a null in {path} and the "
                          "schema gives it no default")
       column = pa.compute.fill_null(column, default)
-    if textual or (feature is not None and feature.type == "image"):
-      out[name + _DATA], out[name + _OFFSETS] = _string_buffers(column, pa, binary=not textual)
+    if holds in (STRING, BYTES):
+      out[name + _DATA], out[name + _OFFSETS] = _string_buffers(column, pa, binary=holds == BYTES)
     elif feature is not None and feature.values_per_example > 1:
       size = feature.values_per_example
       lengths = pa.compute.list_value_length(column).to_numpy(zero_copy_only=False)
@@ -388,10 +392,8 @@ def _string_buffers(column, pa, *, binary: bool):
 
 
 def _is_string_column(schema: schema_lib.Schema, name: str) -> bool:
-  if name == schema.label.name:
-    return schema.label.type == "string"
-  feature = schema.feature(name)
-  return feature.is_textual or feature.type == "image"
+  column = schema.label if name == schema.label.name else schema.feature(name)
+  return column.kind.holds in (STRING, BYTES)
 
 
 def output_signature(schema: schema_lib.Schema) -> dict:

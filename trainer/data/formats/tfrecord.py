@@ -7,7 +7,8 @@ from typing import Any, Iterator
 
 from trainer.core.errors import first_line
 from trainer.core.errors import UserError
-from trainer.data import feature_kinds
+from trainer.data.feature_kinds import Kind
+from trainer.data.feature_kinds import STRING
 from trainer.data import schema as schema_lib
 from trainer.data.formats import base
 
@@ -36,18 +37,18 @@ class TFRecordFormat(base.DataFormat):
     ds = tf.data.TFRecordDataset(files, compression_type=source.compression, num_parallel_reads=tf.data.AUTOTUNE)
     return int(ds.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
 
-  def present_value(self, name: str, value: Any, *, kind: str, count: int, record: dict[str, Any]) -> Any:
+  def present_value(self, name: str, value: Any, *, kind: Kind, count: int, record: dict[str, Any]) -> Any:
     """An Example's (list kind, values): MISSING when empty; one value, or the list of `count`; strings decoded."""
     list_kind, values = value if value is not None else (None, [])
     if not values:
       return base.MISSING
-    expected = schema_lib.EXAMPLE_LISTS[kind]
+    expected = kind.example_list
     if list_kind != expected:
-      raise base.ValueProblem(f"feature {name!r} is a {list_kind}, but the schema says {kind} ({expected})")
+      raise base.ValueProblem(f"feature {name!r} is a {list_kind}, but the schema says {kind.type} ({expected})")
     if len(values) != count:
       raise base.ValueProblem(f"feature {name!r} has {len(values)} values; the schema expects exactly {count}")
     value = values[0] if count == 1 else values
-    if kind in ("string", "text"):
+    if kind.holds == STRING:
       try:
         value = value.decode("utf-8")
       except UnicodeDecodeError:
@@ -80,11 +81,11 @@ def parse_spec(schema: schema_lib.Schema) -> dict[str, Any]:
 
   spec = {}
   for f in schema.features:
-    kind = feature_kinds.of(f)
+    kind = f.kind
     shape = list(kind.parse_shape(f))
     default = None if f.default is None else ([f.default] * shape[0] if shape else f.default)
-    spec[f.name] = tf.io.FixedLenFeature(shape, tf.as_dtype(kind.parse_dtype(f)), default_value=default)
-  spec[schema.label.name] = tf.io.FixedLenFeature([], tf.as_dtype(schema_lib.PARSE_DTYPES[schema.label.type]))
+    spec[f.name] = tf.io.FixedLenFeature(shape, tf.as_dtype(kind.parse_dtype), default_value=default)
+  spec[schema.label.name] = tf.io.FixedLenFeature([], tf.as_dtype(schema.label.kind.parse_dtype))
   return spec
 
 
