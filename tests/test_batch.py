@@ -30,9 +30,9 @@ def iris_model(tmp_path_factory):
   directory = tmp_path_factory.mktemp("iris")
   frame = iris_frame()
   frame.iloc[:120].to_csv(directory / "train.csv", index=False)
-  result = procs.run_trainer([f"--train_data={directory}/train.csv", "--label=species",
-                              f"--output_dir={directory}/out", "--train_steps=120", "--global_batch_size=30",
-                              "--learning_rate=0.02", "--eval_steps=0"])
+  result = procs.run_trainer_here([f"--train_data={directory}/train.csv", "--label=species",
+                                   f"--output_dir={directory}/out", "--train_steps=120", "--global_batch_size=30",
+                                   "--learning_rate=0.02", "--eval_steps=0"])
   assert result.returncode == 0, result.stderr[-3000:]
   return directory / "out" / "model", frame.iloc[120:].reset_index(drop=True)
 

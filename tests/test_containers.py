@@ -180,8 +180,8 @@ def test_the_serving_image_lints_clean_and_runs_on_vertexs_contract(gcs, churn_d
   sdist = submit.build_sdist(str(tmp_path / "dist"))
   subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), sdist], check=True)
   out = tmp_path / "train"
-  trained = procs.run_trainer([f"--train_data={churn_data}/train/*.tfrecord", f"--output_dir={out}",
-                               "--train_steps=40", "--eval_steps=0"])
+  trained = procs.run_trainer_here([f"--train_data={churn_data}/train/*.tfrecord", f"--output_dir={out}",
+                                    "--train_steps=40", "--eval_steps=0"])
   assert trained.returncode == 0, trained.stderr[-2000:]
   from scripts import stage_data  # pylint: disable=g-import-not-at-top
   stage_data.upload_tree(str(out / "model"), "gs://test-bucket/serving-image/model")

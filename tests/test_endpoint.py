@@ -45,8 +45,8 @@ def digits_export(tmp_path_factory):
   data = tmp_path_factory.mktemp("digits")
   write_jsonl(str(data / "train.jsonl"), _training_rows(0, 600))
   out = data / "out"
-  result = procs.run_trainer([f"--train_data={data}/train.jsonl", "--label=digit", f"--output_dir={out}",
-                              "--train_steps=150", "--global_batch_size=64", "--eval_steps=0"])
+  result = procs.run_trainer_here([f"--train_data={data}/train.jsonl", "--label=digit", f"--output_dir={out}",
+                                   "--train_steps=150", "--global_batch_size=64", "--eval_steps=0"])
   assert result.returncode == 0, result.stderr[-3000:]
   return out / "model"
 

@@ -53,6 +53,14 @@ def test_accelerators_become_logical_devices(tmp_path):
   replicas = planning.plan_replicas(_config("single_multi_gpu.yaml"), job_id="j", job_dir=str(tmp_path),
                                         ports=[7100], extra_env={})
   assert replicas[0].args[-1] == "--num_cpu_devices=4"
+  # One GPU is one device, as one CPU is: the same replica as single_cpu.yaml's, which runs end to end below.
+  one_gpu, one_cpu = (planning.plan_replicas(_config(name), job_id="j", job_dir=str(tmp_path), ports=[7100],
+                                             extra_env={})
+                      for name in ("single_gpu.yaml", "single_cpu.yaml"))
+  assert len(one_gpu) == len(one_cpu) == 1
+  assert [a for a in one_gpu[0].args if not a.startswith("--global_batch_size")] == \
+      [a for a in one_cpu[0].args if not a.startswith("--global_batch_size")]
+  assert not any(a.startswith("--num_cpu_devices") for a in one_gpu[0].args)
 
 
 def test_evaluator_pool_is_not_in_tf_config(tmp_path):
@@ -86,10 +94,11 @@ def _run(tmp_path, *args):
   return code, job_dir
 
 
+# Plumbing, not learning: 20 steps and one evaluation batch show the job ran as Vertex would run it.
 @pytest.mark.parametrize("config,extra,strategy,replicas", [
     # The trainer image's pools: the container's command (or the image's ENTRYPOINT) and args, no Docker.
+    # (single_gpu.yaml plans the same one-device replica: test_accelerators_become_logical_devices.)
     ("single_cpu.yaml", [], "default", 1),
-    ("single_gpu.yaml", [], "default", 1),
     # Each worker's 2 "GPUs" are 2 logical CPU devices, each a replica, as on Vertex: 2 workers x 2.
     ("multi_worker_gpu.yaml", ["--replica_count=1=1"], "MultiWorkerMirroredStrategy", 4),
     ("parameter_server.yaml", ["--replica_count=1=1"], "ParameterServerStrategy", 1),
@@ -98,7 +107,7 @@ def _run(tmp_path, *args):
 ])
 def test_local_run_end_to_end(staged, tmp_path, capsys, config, extra, strategy, replicas):
   code, job_dir = _run(tmp_path, f"--config=cloud_configs/{config}", "--run_id=" + config.split(".")[0], *extra,
-                       "--args=--train_steps=60", "--args=--global_batch_size=64", "--args=--eval_steps=4")
+                       "--args=--train_steps=20", "--args=--global_batch_size=64", "--args=--eval_steps=1")
   out = capsys.readouterr().out
   assert code == 0, out + open(f"{job_dir}/workerpool0-0.log").read()[-3000:]
   assert "eval metrics:" in out and f"model: gs://test-bucket/runs/{config.split('.')[0]}/model/" in out
@@ -148,7 +157,7 @@ def test_a_users_package_staged_beside_the_trainer_runs_on_a_two_process_job(sta
   project = user_package.write(str(tmp_path / "churn-models"))
   code, job_dir = _run(tmp_path, "--config=cloud_configs/multi_worker_gpu.yaml", "--run_id=extra-package",
                        "--replica_count=1=1", f"--extra_package={project}", f"--args={user_package.MODEL_FLAG}",
-                       "--args=--train_steps=60", "--args=--global_batch_size=64", "--args=--eval_steps=4")
+                       "--args=--train_steps=20", "--args=--global_batch_size=64", "--args=--eval_steps=1")
   out = capsys.readouterr().out
   assert code == 0, out + open(f"{job_dir}/workerpool0-0.log").read()[-3000:]
   for replica in ("workerpool0-0", "workerpool1-0"):
@@ -227,7 +236,7 @@ def test_restarted_replica_resumes_from_its_checkpoint(staged, gcs, tmp_path):
   base = "gs://test-bucket/runs/restart"
   job = subprocess.Popen(
       [sys.executable, "-m", "scripts.local_vertex", "--config=cloud_configs/single_cpu.yaml", "--run_id=restart",
-       "--restart_failed=1", "--args=--train_steps=1500", "--args=--checkpoint_every_steps=500",
+       "--restart_failed=1", "--args=--train_steps=600", "--args=--checkpoint_every_steps=200",
        "--args=--global_batch_size=32", "--args=--eval_steps=4", "--bucket=test-bucket", f"--job_dir={job_dir}",
        "--quiet", "--timeout_secs=400"],
       cwd=procs.REPO, env=procs.trainer_env(gcs.env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -250,7 +259,7 @@ def test_restarted_replica_resumes_from_its_checkpoint(staged, gcs, tmp_path):
   assert "workerpool0-0 exited with 137; restarting it (1/1)" in out  # 128 + SIGKILL, as a container reports it
   with tf.io.gfile.GFile(f"{base}/model/eval_metrics.json") as f:
     metrics = json.load(f)
-  assert metrics["resumed_from_step"] >= 500 and metrics["final_step"] == 1500
+  assert metrics["resumed_from_step"] >= 200 and metrics["final_step"] == 600
   assert not _children_of(job_dir)
 
 
@@ -273,8 +282,8 @@ def test_preemptions_in_a_row_lose_no_step(staged, gcs, tmp_path):
   base = "gs://test-bucket/runs/preempted"
   result = subprocess.run(
       [sys.executable, "-m", "scripts.local_vertex", "--config=cloud_configs/multi_worker_gpu.yaml",
-       "--replica_count=1=1", "--run_id=preempted", "--preempt=workerpool1-0@step=300",
-       "--preempt=workerpool0-0@step=600", "--preempt_grace_secs=30", "--args=--train_steps=900",
+       "--replica_count=1=1", "--run_id=preempted", "--preempt=workerpool1-0@step=150",
+       "--preempt=workerpool0-0@step=300", "--preempt_grace_secs=30", "--args=--train_steps=450",
        "--args=--num_cpu_devices=1", "--args=--log_every_steps=10",
        "--args=--steps_per_loop=10", "--args=--checkpoint_every_steps=100000", "--args=--global_batch_size=32",
        "--args=--eval_steps=4", "--bucket=test-bucket", f"--job_dir={job_dir}", "--quiet", "--timeout_secs=600"],
@@ -286,13 +295,13 @@ def test_preemptions_in_a_row_lose_no_step(staged, gcs, tmp_path):
   # --restart_failed (5, as on Vertex): no flag is needed for the job to survive its preemptions.
   lines = re.findall(r"^  (workerpool\d-0) @ step (\d+): exit 143 after [\d.]+ s, saved step (\d+); resumed at "
                      r"step (\d+)$", result.stdout, re.M)
-  assert [(name, at) for name, at, _, _ in lines] == [("workerpool1-0", "300"), ("workerpool0-0", "600")], \
+  assert [(name, at) for name, at, _, _ in lines] == [("workerpool1-0", "150"), ("workerpool0-0", "300")], \
       result.stdout[-3000:]
   assert all(saved == resumed for _, _, saved, resumed in lines)  # 0 steps lost per preemption
-  assert 300 <= int(lines[0][2]) < int(lines[1][2]) < 900, lines  # each came where its step said
+  assert 150 <= int(lines[0][2]) < int(lines[1][2]) < 450, lines  # each came where its step said
   with tf.io.gfile.GFile(f"{base}/model/eval_metrics.json") as f:
     metrics = json.load(f)
-  assert metrics["final_step"] == 900 and metrics["resumed_from_step"] == int(lines[-1][3])
+  assert metrics["final_step"] == 450 and metrics["resumed_from_step"] == int(lines[-1][3])
   assert not _children_of(job_dir)
 
 

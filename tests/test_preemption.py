@@ -54,7 +54,10 @@ def _preempt_and_resume(args, tmp_path, *, env=None):
   assert took < 25, f"saving took {took:.1f} s"
   assert json.load(open(out / "checkpoints" / "trainer_config.json"))["config"]["train"]["train_steps"] == 1000000
   assert not os.path.exists(out / "model")  # a preempted run exports nothing
-  result = procs.run_trainer(args + [f"--output_dir={out}", f"--train_steps={step + 50}"], env=env)
+  # The resumed run in this process where nothing needs a process of its own (a parameter-server coordinator
+  # and tf_keras, read at import, do).
+  run = procs.run_trainer_here if env is None else procs.run_trainer
+  result = run(args + [f"--output_dir={out}", f"--train_steps={step + 50}"], env=env)
   assert result.returncode == 0, result.stderr[-3000:]
   assert f"Resuming at step {step} of {step + 50}" in result.stderr  # 0 steps lost
   with open(out / "model" / "eval_metrics.json") as f:
@@ -134,7 +137,7 @@ def test_sigterm_to_one_multi_worker_replica_saves_on_all(churn_data, tmp_path, 
 
 def _checkpoint_at(churn_data, out, step):
   """A run that saved at `step` (one process), for the multi-worker runs below to restore."""
-  result = procs.run_trainer(_args(churn_data) + [f"--output_dir={out}", f"--train_steps={step}"])
+  result = procs.run_trainer_here(_args(churn_data) + [f"--output_dir={out}", f"--train_steps={step}"])
   assert result.returncode == 0, result.stderr[-3000:]
 
 

@@ -18,8 +18,8 @@ from serving import predict
 @pytest.fixture(scope="module")
 def churn_export(churn_data, tmp_path_factory):
   out = tmp_path_factory.mktemp("export")
-  result = procs.run_trainer([f"--train_data={churn_data}/train/*.tfrecord", f"--output_dir={out}",
-                              "--train_steps=150", "--global_batch_size=128", "--eval_steps=0"])
+  result = procs.run_trainer_here([f"--train_data={churn_data}/train/*.tfrecord", f"--output_dir={out}",
+                                   "--train_steps=150", "--global_batch_size=128", "--eval_steps=0"])
   assert result.returncode == 0, result.stderr[-3000:]
   return out / "model"
 

@@ -139,7 +139,7 @@ def test_resume_after_kill_ends_at_the_same_step(churn_data, tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
   assert not os.path.exists(out / "model" / "saved_model.pb")  # a killed run leaves no model
-  result = procs.run_trainer(args)
+  result = procs.run_trainer_here(args)
   assert result.returncode == 0, result.stderr[-3000:]
   metrics = final_metrics(out / "model")
   assert metrics["resumed_from_step"] >= 500 and metrics["resumed_from_step"] % 500 == 0

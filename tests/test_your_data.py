@@ -40,8 +40,7 @@ def test_vertex_managed_csv_dataset_with_only_vertex_variables(gcs, tmp_path):
          "AIP_VALIDATION_DATA_URI": f"{base}/validation-*", "AIP_MODEL_DIR": f"{run}/model",
          "AIP_CHECKPOINT_DIR": f"{run}/checkpoints", "AIP_TENSORBOARD_LOG_DIR": f"{run}/logs",
          "CLOUD_ML_JOB_ID": "4242", **gcs.env}
-  result = procs.run_trainer(["--label=species", "--train_steps=300", "--global_batch_size=32"], env=env,
-                             timeout=TIMEOUT)
+  result = procs.run_trainer_here(["--label=species", "--train_steps=300", "--global_batch_size=32"], env=env)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "--train_data: 2 file(s) of CSV (5 columns, a header row)" in result.stderr
   with tf.io.gfile.GFile(f"{run}/model/schema.json") as f:
