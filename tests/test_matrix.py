@@ -23,10 +23,8 @@ and worker as processes of their own, so one such job trains over a dataset hold
 from __future__ import annotations
 
 import base64
-import contextlib
 import csv
 import glob
-import io
 import json
 import os
 import re
@@ -180,11 +178,8 @@ def test_each_dataset_holds_its_kind_alone(data):
 
 def run_trainer(args, env=None) -> tuple[int, list[str], str]:
   """`python -m trainer.task ARGS` in this process: (exit code, its `error:` lines, all it wrote to stderr)."""
-  buffer = io.StringIO()
-  with contextlib.redirect_stderr(buffer), procs.fresh_collective_keys():
-    code = procs.run_trainer_in_process(args, env=env)
-  err = buffer.getvalue()
-  return code, [line for line in err.splitlines() if line.startswith("error:")], err
+  result = procs.run_trainer_here(args, env=env)
+  return result.returncode, [line for line in result.stderr.splitlines() if line.startswith("error:")], result.stderr
 
 
 def data_args(data, kind) -> list[str]:

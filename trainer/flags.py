@@ -143,8 +143,8 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment, *,
   # Each config class from its options' flags, then what is resolved from several flags and the environment.
   model = option_values(config_lib.ModelConfig, values)
   train = option_values(config_lib.TrainConfig, values)
-  if train["train_steps"] is None and train["epochs"] is None:
-    train["train_steps"] = 1000
+  if train["train_steps"] is None and train["epochs"] is None:  # the config field's default, when --epochs is not given
+    train["train_steps"] = config_lib.TrainConfig.__dataclass_fields__["train_steps"].default
   config = config_lib.Config(
       data=config_lib.DataConfig(**{
           **option_values(config_lib.DataConfig, values),
