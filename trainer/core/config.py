@@ -10,7 +10,6 @@ import json
 from typing import Any, Mapping
 
 from trainer.core.errors import UserError
-from trainer.core.options import ABOVE_0
 from trainer.core.options import above_0
 from trainer.core.options import Accepts
 from trainer.core.options import at_least_0
@@ -150,7 +149,7 @@ class TrainConfig:
   train_steps: int | None = option(1000, "Optimizer steps to run (default 1000 unless --epochs is given).",
                                    accepts=POSITIVE, flag_default=None)
   epochs: int | None = option(None, "Passes over the training data (instead of --train_steps).", accepts=POSITIVE)
-  learning_rate: float = option(1e-3, "Learning rate.", accepts=ABOVE_0)
+  learning_rate: float = option(1e-3, "Learning rate.", accepts=above_0())
   optimizer: str = option("adam", "Optimizer.", choices=OPTIMIZERS)
   loop: str = option("custom", "custom: tf.function step with strategy.run; fit: Keras model.fit inside "
                      "strategy.scope().", choices=LOOPS)
@@ -224,7 +223,8 @@ class DistributionConfig:
                                   "MultiWorkerMirroredStrategy over chief and workers.")
   peer_timeout_secs: float = option(900.0, "Multi-process jobs: end with one line naming the missing replicas when "
                                     "peers have not joined, or a training chunk has not completed, for this many "
-                                    "seconds (Vertex starts a job's replicas minutes apart at most).", accepts=ABOVE_0)
+                                    "seconds (Vertex starts a job's replicas minutes apart at most).",
+                                    accepts=above_0())
 
 
 @dataclasses.dataclass(frozen=True)

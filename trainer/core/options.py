@@ -30,15 +30,14 @@ class Accepts:
 
 
 POSITIVE = Accepts(lambda v: v > 0, "a positive integer")
-ABOVE_0 = Accepts(lambda v: v > 0, "> 0")
 
 
 def at_least_0(why: str = "") -> Accepts:
   return Accepts(lambda v: v >= 0, ">= 0" + (f" ({why})" if why else ""))
 
 
-def above_0(why: str) -> Accepts:
-  return Accepts(lambda v: v > 0, f"> 0 ({why})")
+def above_0(why: str = "") -> Accepts:
+  return Accepts(lambda v: v > 0, "> 0" + (f" ({why})" if why else ""))
 
 
 @dataclasses.dataclass(frozen=True)
