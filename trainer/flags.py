@@ -58,7 +58,7 @@ class CommandOptions:
 
 # Where the flags come from, in --help's order of topics.
 OPTION_CLASSES = (config_lib.DataConfig, config_lib.ModelConfig, config_lib.TrainConfig,
-                      config_lib.DistributionConfig, config_lib.OutputConfig, CommandOptions)
+                  config_lib.DistributionConfig, config_lib.OutputConfig, CommandOptions)
 
 
 def _lists() -> dict[str, tuple[str, ...]]:
