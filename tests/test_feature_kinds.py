@@ -56,27 +56,10 @@ def test_no_module_compares_a_feature_type_by_name():
   """What the trainer needs of a feature's type it asks the type's kind (`feature.kind`: what a record holds, its
   Example list, its encoding, ...): no module but feature_kinds.py compares a `.type` with a type's name, so a new
   kind is one class there (tests/test_formats.py::test_a_new_feature_kind_is_one_registered_class adds one)."""
-  import ast  # pylint: disable=g-import-not-at-top
-  import os  # pylint: disable=g-import-not-at-top
+  import source_checks  # pylint: disable=g-import-not-at-top
 
-  import procs  # pylint: disable=g-import-not-at-top
-
-  names = set(feature_kinds.KINDS)
-  comparing = []
-  for directory, _, files in os.walk(os.path.join(procs.REPO, "trainer")):
-    for file_name in files:
-      path = os.path.join(directory, file_name)
-      if not file_name.endswith(".py") or path.endswith(os.path.join("data", "feature_kinds.py")):
-        continue
-      for node in ast.walk(ast.parse(open(path).read(), path)):
-        if isinstance(node, ast.Compare):
-          operands = [node.left, *node.comparators]
-          constants = {c.value for operand in operands
-                       for c in ([operand] if isinstance(operand, ast.Constant) else getattr(operand, "elts", []))
-                       if isinstance(c, ast.Constant) and isinstance(c.value, str)}
-          if names & constants and any(isinstance(o, ast.Attribute) and o.attr == "type" for o in operands):
-            comparing.append(f"{os.path.relpath(path, procs.REPO)}:{node.lineno}")
-  assert not comparing
+  assert not source_checks.comparisons_naming(feature_kinds.KINDS, owner="data/feature_kinds.py",
+                                              attribute="type")
 
 
 def test_the_one_example_writer_round_trips_through_the_parse_spec():

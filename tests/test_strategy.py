@@ -94,26 +94,9 @@ def test_tpu_path_reaches_the_resolver():
 def test_a_strategy_is_one_row():
   """What the trainer needs to know of a strategy it asks the strategy's row (`strategy.STRATEGIES`): no module
   but strategy.py compares a strategy's name, so a new strategy is one row there (and --strategy lists it)."""
-  import ast  # pylint: disable=g-import-not-at-top
-  import os  # pylint: disable=g-import-not-at-top
+  import source_checks  # pylint: disable=g-import-not-at-top
 
-  import procs  # pylint: disable=g-import-not-at-top
-
-  names = set(strategy.STRATEGIES)
-  comparing = []
-  for directory, _, files in os.walk(os.path.join(procs.REPO, "trainer")):
-    for file_name in files:
-      path = os.path.join(directory, file_name)
-      if not file_name.endswith(".py") or path.endswith(os.path.join("distribute", "strategy.py")):
-        continue
-      for node in ast.walk(ast.parse(open(path).read(), path)):
-        if isinstance(node, ast.Compare):
-          constants = [c.value for operand in [node.left, *node.comparators]
-                       for c in ([operand] if isinstance(operand, ast.Constant) else getattr(operand, "elts", []))
-                       if isinstance(c, ast.Constant)]
-          if names.intersection(c for c in constants if isinstance(c, str)):
-            comparing.append(f"{os.path.relpath(path, procs.REPO)}:{node.lineno}")
-  assert not comparing
+  assert not source_checks.comparisons_naming(strategy.STRATEGIES, owner="distribute/strategy.py")
   from absl import flags  # pylint: disable=g-import-not-at-top
 
   from trainer import flags as trainer_flags  # pylint: disable=g-import-not-at-top
