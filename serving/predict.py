@@ -37,6 +37,7 @@ import numpy as np
 
 from trainer.data.feature_kinds import _IMAGE_MAGIC as IMAGE_MAGIC  # the trainer's own test of image bytes: one rule
 from trainer.data.feature_kinds import ENCODED_IMAGES
+from trainer.data.feature_kinds import KINDS
 from trainer.data.schema import safe_name
 
 
@@ -107,7 +108,7 @@ class TrainingColumns:
     self.label = label
     # Inputs that take an image file's bytes ({"b64": ...}; a column of file URIs in training takes the files'
     # bytes in serving too): checked here, so a bad one names its instance and feature.
-    self.images = {name for name, f in by_input.items() if f.get("type") == "image"
+    self.images = {name for name, f in by_input.items() if KINDS[f["type"]].image
                    and f.get("encoding", "jpeg" if f.get("uri") else "raw") in ENCODED_IMAGES}
 
   @classmethod

@@ -236,7 +236,7 @@ def test_restarted_replica_resumes_from_its_checkpoint(staged, gcs, tmp_path):
   base = "gs://test-bucket/runs/restart"
   job = subprocess.Popen(
       [sys.executable, "-m", "scripts.local_vertex", "--config=cloud_configs/single_cpu.yaml", "--run_id=restart",
-       "--restart_failed=1", "--args=--train_steps=600", "--args=--checkpoint_every_steps=200",
+       "--restart_failed=1", "--args=--train_steps=1000", "--args=--checkpoint_every_steps=200",
        "--args=--global_batch_size=32", "--args=--eval_steps=4", "--bucket=test-bucket", f"--job_dir={job_dir}",
        "--quiet", "--timeout_secs=400"],
       cwd=procs.REPO, env=procs.trainer_env(gcs.env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -259,7 +259,7 @@ def test_restarted_replica_resumes_from_its_checkpoint(staged, gcs, tmp_path):
   assert "workerpool0-0 exited with 137; restarting it (1/1)" in out  # 128 + SIGKILL, as a container reports it
   with tf.io.gfile.GFile(f"{base}/model/eval_metrics.json") as f:
     metrics = json.load(f)
-  assert metrics["resumed_from_step"] >= 200 and metrics["final_step"] == 600
+  assert metrics["resumed_from_step"] >= 200 and metrics["final_step"] == 1000
   assert not _children_of(job_dir)
 
 

@@ -61,7 +61,8 @@ class Kind:
   def default(self, value: Any, *, name: str, source: str) -> Any:
     """A feature's `"default"` (the value a missing field takes), checked."""
     textual = self.holds == STRING
-    if self.holds == BYTES or textual != isinstance(value, str) or (self.holds == NUMBER and not is_number(value)):
+    if (self.holds == BYTES or textual != isinstance(value, str)
+        or (self.holds == NUMBER and not is_number_value(value))):
       raise UserError(f"schema {source}: feature {name!r} ({self.type}) has default {value!r}; expected "
                       f"{'a string' if textual else 'a number'} (images take no default)")
     return value
@@ -102,7 +103,8 @@ class Kind:
     return read_files(value, check_image=self.image, name=feature.name, cache=cache)
 
 
-def is_number(value: Any) -> bool:
+def is_number_value(value: Any) -> bool:
+  """A JSON or Python number as a schema.json value is one (a bool is not)."""
   return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -285,10 +287,10 @@ class Image(Kind):
     if encoding != "raw" and shape[2] not in (1, 3, 4):
       raise UserError(f"schema {source}: image feature {name!r} is {encoding} with {shape[2]} channels; "
                       "expected 1, 3 or 4")
-    if raw.get("uri") is True and encoding == "raw":
+    if raw.get("uri") and encoding == "raw":
       encoding = "jpeg"  # files are encoded images; decode_image reads PNG, JPEG, GIF and BMP alike
     max_value = raw.get("max_value")
-    if max_value is not None and not (is_number(max_value) and max_value > 0):
+    if max_value is not None and not (is_number_value(max_value) and max_value > 0):
       raise UserError(f"schema {source}: image feature {name!r} has max_value {max_value!r}; expected a "
                       "positive number")
     return {"shape": tuple(shape), "encoding": encoding, "max_value": None if max_value is None else float(max_value)}

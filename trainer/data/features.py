@@ -92,7 +92,7 @@ class FeatureEncoder:
 
   def encode(self, columns):
     return {feature.input_name: feature.kind.encode(feature, columns[feature.name],
-                                                                  table=self._tables.get(feature.name))
+                                                    table=self._tables.get(feature.name))
             for feature in self._schema.features}
 
 

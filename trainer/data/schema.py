@@ -186,7 +186,7 @@ def parse_schema(value: Any, *, source: str) -> Schema:
       raise UserError(f"schema {source}: feature {name!r} has std {raw.get('std')!r}; expected a positive number")
     uri = raw.get("uri", False)
     if uri not in (True, False) or (uri and not kind_of.takes_uri):
-      takers = " and ".join(k.type for k in feature_kinds.KINDS.values() if k.takes_uri)
+      takers = " and ".join(sorted(k.type for k in feature_kinds.KINDS.values() if k.takes_uri))
       raise UserError(f"schema {source}: feature {name!r} ({kind}) has uri {uri!r}; only {takers} features "
                       "take \"uri\": true (the column holds file URIs)")
     default = raw.get("default")
@@ -259,16 +259,14 @@ def safe_name(column: str) -> str:
   return name if name[:1].isalnum() or name[:1] == "." else "f" + name
 
 
-is_number = feature_kinds.is_number
-
-
 def _stat(value: Any, size: int, *, name: str, key: str, source: str) -> float | tuple[float, ...] | None:
   """A feature's mean or std: one number, or (multi-valued features) one number or a list of `size`."""
   if value is None:
     return None
-  if is_number(value):
+  if feature_kinds.is_number_value(value):
     return float(value)
-  if size > 1 and isinstance(value, list) and len(value) == size and all(is_number(v) for v in value):
+  if (size > 1 and isinstance(value, list) and len(value) == size
+      and all(feature_kinds.is_number_value(v) for v in value)):
     return tuple(float(v) for v in value)
   raise UserError(f"schema {source}: feature {name!r} has {key} {value!r}; expected a number"
                   + (f" or a list of {size}" if size > 1 else ""))

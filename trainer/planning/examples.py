@@ -97,8 +97,8 @@ def _number(name: str, value: Any, kind: feature_kinds.Kind) -> float | int:
       pass  # "12.0", "1e3": whole numbers written as floats (pandas writes an int column with a NaN so)
   number = float(value)
   if not number.is_integer():
-    raise ValueError(f"column {name!r} holds {value!r}, but the schema says int, which a tf.train.Example holds as "
-                     "a whole number (int64_list): round the column, or make the feature float in the schema")
+    raise ValueError(f"column {name!r} holds {value!r}, but the schema says {kind.type}, which a tf.train.Example "
+                     "holds as a whole number (int64_list): round the column, or make the feature float in the schema")
   return int(number)
 
 

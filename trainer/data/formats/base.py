@@ -203,8 +203,9 @@ class DataFormat:
 
   def typed_value(self, name: str, value: Any, *, kind: Kind, count: int, feature) -> Any:
     """A present value as the trainer's value model holds a `kind` (by `kind.holds`): a str (STRING), a number or
-    a list of `count` numbers (NUMBER), bytes (BYTES: an image's encoded or raw bytes). Raises ValueProblem for a value of
-    another type (the format's own words). Default: the value is already so (checked by the model's rules)."""
+    a list of `count` numbers (NUMBER), bytes (BYTES: an image's encoded or raw bytes). Raises ValueProblem for a
+    value of another type (the format's own words). Default: the value is already so (checked by the model's
+    rules)."""
     del name, kind, count, feature
     return value
 
