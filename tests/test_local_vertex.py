@@ -95,17 +95,23 @@ def _run(tmp_path, *args):
 
 
 # Plumbing, not learning: 20 steps and one evaluation batch show the job ran as Vertex would run it.
-@pytest.mark.parametrize("config,extra,strategy,replicas", [
+@pytest.mark.parametrize("config,extra,strategy,replicas,users_package", [
     # The trainer image's pools: the container's command (or the image's ENTRYPOINT) and args, no Docker.
     # (single_gpu.yaml plans the same one-device replica: test_accelerators_become_logical_devices.)
-    ("single_cpu.yaml", [], "default", 1),
-    # Each worker's 2 "GPUs" are 2 logical CPU devices, each a replica, as on Vertex: 2 workers x 2.
-    ("multi_worker_gpu.yaml", ["--replica_count=1=1"], "MultiWorkerMirroredStrategy", 4),
-    ("parameter_server.yaml", ["--replica_count=1=1"], "ParameterServerStrategy", 1),
+    ("single_cpu.yaml", [], "default", 1, False),
+    # Each worker's 2 "GPUs" are 2 logical CPU devices, each a replica, as on Vertex: 2 workers x 2. Its model is
+    # a user's package (--extra_package): built into a wheel, staged to the bucket and installed beside the
+    # trainer, as the trainer image holds it (submit builds it into the image); both workers import its build_fn
+    # from there.
+    ("multi_worker_gpu.yaml", ["--replica_count=1=1"], "MultiWorkerMirroredStrategy", 4, True),
+    ("parameter_server.yaml", ["--replica_count=1=1"], "ParameterServerStrategy", 1, False),
     # One 8 x H200 host under Dynamic Workload Scheduler: 8 logical devices, one replica each; no queue here.
-    ("h200_flex_start.yaml", [], "MirroredStrategy", 8),
+    ("h200_flex_start.yaml", [], "MirroredStrategy", 8, False),
 ])
-def test_local_run_end_to_end(staged, tmp_path, capsys, config, extra, strategy, replicas):
+def test_local_run_end_to_end(staged, tmp_path, capsys, config, extra, strategy, replicas, users_package):
+  if users_package:
+    extra = [*extra, f"--extra_package={user_package.write(str(tmp_path / 'churn-models'))}",
+             f"--args={user_package.MODEL_FLAG}"]
   code, job_dir = _run(tmp_path, f"--config=cloud_configs/{config}", "--run_id=" + config.split(".")[0], *extra,
                        "--args=--train_steps=20", "--args=--global_batch_size=64", "--args=--eval_steps=1")
   out = capsys.readouterr().out
@@ -118,6 +124,19 @@ def test_local_run_end_to_end(staged, tmp_path, capsys, config, extra, strategy,
   assert re.search(r"replica\(s\), container \S+/vertex-tf-trainer/trainer:\S+ as python3 -m trainer.task", out)
   flex_start = "scheduling.strategy FLEX_START: Vertex would queue the job for its machines for up to"
   assert (flex_start in out) == (config == "h200_flex_start.yaml"), out
+  if users_package:
+    _assert_the_users_package_ran(job_dir, ["workerpool0-0", "workerpool1-0"])
+
+
+def _assert_the_users_package_ran(job_dir, replicas):
+  for replica in replicas:
+    log = open(f"{job_dir}/{replica}.log").read()
+    assert f"churn_models: built from {job_dir}/site/churn_models/__init__.py" in log, log[-3000:]
+    assert f"I Model {user_package.MODEL_FLAG.split('=', 1)[1]} from {job_dir}/site/churn_models/__init__.py\n" in log
+    assert "Traceback" not in log
+  assert os.path.exists(f"{job_dir}/site/churn_models/__init__.py")  # installed beside the trainer
+  staged_wheels = [b.name for b in _bucket_blobs("staging/") if b.name.endswith("churn_models-0.1.0-py3-none-any.whl")]
+  assert staged_wheels, "the wheel was not staged"
 
 
 def test_crashing_replica_fails_the_job_quickly(staged, gcs, tmp_path):
@@ -149,26 +168,6 @@ def test_crashing_replica_fails_the_job_quickly(staged, gcs, tmp_path):
   assert "workerpool1-0 (worker) failed with exit code 137" in err, err[-2000:]  # 128 + SIGKILL, as Vertex says
   assert "--- last lines of workerpool1-0" in err
   assert not _children_of(job_dir)
-
-
-def test_a_users_package_staged_beside_the_trainer_runs_on_a_two_process_job(staged, tmp_path, capsys):
-  """--extra_package: built into a wheel, staged to the bucket and installed beside the trainer, as the trainer
-  image holds it (submit builds it into the image); both replicas of a MultiWorkerMirrored job import the user's build_fn from there."""
-  project = user_package.write(str(tmp_path / "churn-models"))
-  code, job_dir = _run(tmp_path, "--config=cloud_configs/multi_worker_gpu.yaml", "--run_id=extra-package",
-                       "--replica_count=1=1", f"--extra_package={project}", f"--args={user_package.MODEL_FLAG}",
-                       "--args=--train_steps=20", "--args=--global_batch_size=64", "--args=--eval_steps=1")
-  out = capsys.readouterr().out
-  assert code == 0, out + open(f"{job_dir}/workerpool0-0.log").read()[-3000:]
-  for replica in ("workerpool0-0", "workerpool1-0"):
-    log = open(f"{job_dir}/{replica}.log").read()
-    assert f"churn_models: built from {job_dir}/site/churn_models/__init__.py" in log, log[-3000:]
-    assert f"I Model {user_package.MODEL_FLAG.split('=', 1)[1]} from {job_dir}/site/churn_models/__init__.py\n" in log
-    assert "Traceback" not in log
-  assert '"strategy": "MultiWorkerMirroredStrategy"' in open(f"{job_dir}/workerpool0-0.log").read()
-  assert os.path.exists(f"{job_dir}/site/churn_models/__init__.py")  # installed beside the trainer
-  staged_wheels = [b.name for b in _bucket_blobs("staging/") if b.name.endswith("churn_models-0.1.0-py3-none-any.whl")]
-  assert staged_wheels, "the wheel was not staged"
 
 
 def _bucket_blobs(prefix):
