@@ -7,8 +7,10 @@ to the suite's length. A pytest plugin records one JSON line per test; the repor
   .venv/bin/python -m pytest -p scripts.bench.suite -n 3 --dist worksteal   # records into $SUITE_PROFILE_DIR
   .venv/bin/python -m scripts.bench.suite [DIR] [--top=30]                  # the report
 
-$SUITE_PROFILE_DIR defaults to /tmp/suite-profile (emptied by hand between runs). A child's CPU counts when the
-test waits for it; a server a session fixture keeps (the Cloud Storage emulator) counts for none.
+$SUITE_PROFILE_DIR defaults to /tmp/suite-profile (emptied by hand between runs). A child's CPU counts when it is
+reaped: for the test that waits for it, or, for a child a test left behind, the test whose process reaps it later
+(Python's subprocess reaps finished children at each new Popen: a test whose CPU passes its wall time twice over,
+on two cores, holds another's); a server a session fixture keeps (the Cloud Storage emulator) counts for none.
 """
 
 from __future__ import annotations
