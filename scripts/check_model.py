@@ -20,7 +20,6 @@ import sys
 import numpy as np
 
 from serving import predict
-from trainer.data import feature_kinds
 from trainer.data import schema as schema_lib
 from trainer.data.formats import tfrecord
 from trainer.modeling import export
@@ -43,7 +42,7 @@ def predict_eval(model_dir: str, eval_pattern: str, *, batch_size: int = 1024) -
   for batch in dataset:
     inputs = {}
     for feature in schema.features:  # what a request carries: the raw string/bytes, else the kind's numbers
-      kind = feature_kinds.of(feature)
+      kind = feature.kind
       value = batch[feature.name]
       if kind.serving_input(feature).dtype != "string":
         value = kind.encode(feature, value)

@@ -59,7 +59,7 @@ def test_every_schema_type_has_one_kind():
   assert [name for name, kind in feature_kinds.KINDS.items() if kind.image] == ["image"]
   assert sorted(name for name, kind in feature_kinds.KINDS.items() if kind.takes_uri) == ["image", "text"]
   for feature in SCHEMA.features:
-    assert feature_kinds.of(feature).type == feature.type
+    assert feature.kind.type == feature.type
 
 
 def test_no_module_compares_a_feature_type_by_name():
@@ -92,7 +92,7 @@ def test_what_serving_takes_encodes_to_what_the_model_takes():
   serving_specs = features_lib.raw_serving_specs(SCHEMA)
   request = {}
   for feature in SCHEMA.features:
-    kind = feature_kinds.of(feature)
+    kind = feature.kind
     value = parsed[feature.name]
     if kind.serving_input(feature).dtype != "string":
       value = kind.encode(feature, value)  # a request carries numbers where the signature takes numbers
@@ -102,7 +102,7 @@ def test_what_serving_takes_encodes_to_what_the_model_takes():
   keras_inputs = models.model_inputs(SCHEMA)
   sample = models.sample_batch(SCHEMA, 2)
   for feature in SCHEMA.features:
-    spec = feature_kinds.of(feature).model_input(feature)
+    spec = feature.kind.model_input(feature)
     got = encoded[feature.input_name]
     assert tuple(got.shape) == (2,) + spec.shape and got.dtype.name == spec.dtype, feature.name
     assert tuple(keras_inputs[feature.input_name].shape) == (None,) + spec.shape
@@ -126,7 +126,7 @@ def test_the_openapi_schema_of_each_kind_accepts_a_request_value():
                                        ("note", "string"), ("photo", "image")])
 def test_json_kinds(name, kind):
   feature = SCHEMA.feature(name)
-  assert feature_kinds.of(feature).json_kind(feature) == kind
+  assert feature.kind.json_kind(feature) == kind
 
 
 def _files(tmp_path, sizes):

@@ -138,7 +138,8 @@ class Numeric(Kind):
     return feature.shape[0] if feature.shape else 1
 
   def parse_shape(self, feature):
-    return (feature.shape[0],) if feature.shape and feature.shape[0] > 1 else ()
+    size = self.values_per_example(feature)
+    return (size,) if size > 1 else ()
 
   def example_values(self, feature, value):
     return [self._cast(v) for v in (value if self.values_per_example(feature) > 1 else [value])]
@@ -456,8 +457,3 @@ def register(kind: Kind) -> Kind:
   """Adds a kind (its `type` becomes a schema feature type); returns it."""
   KINDS[kind.type] = kind
   return kind
-
-
-def of(feature: Feature) -> Kind:
-  """The kind of `feature` (its schema type)."""
-  return KINDS[feature.type]

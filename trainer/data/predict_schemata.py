@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.data import feature_kinds
 from trainer.data import schema as schema_lib
 
 INSTANCE_FILE = "instance_schema.yaml"
@@ -18,7 +17,7 @@ PREDICTION_FILE = "prediction_schema.yaml"
 
 def instance_schema(schema: schema_lib.Schema) -> dict[str, Any]:
   """One instance: a JSON object with a value per feature, keyed by the serving input's name."""
-  properties = {feature.input_name: feature_kinds.of(feature).openapi(feature) for feature in schema.features}
+  properties = {feature.input_name: feature.kind.openapi(feature) for feature in schema.features}
   return {"title": "instance", "type": "object", "required": list(properties), "properties": properties}
 
 
