@@ -10,6 +10,7 @@ import json
 import os
 import re
 import tempfile
+import threading
 import uuid
 from typing import Any, MutableMapping
 
@@ -120,12 +121,22 @@ def _local_writable(path: str) -> bool:
 
 
 def write_json(path: str, value: Any) -> None:
+  """Writes `value` as JSON whole: a reader (another job checking the run dir's owner, say) never sees it half
+  written. A Cloud Storage object appears only once its upload completes; a local file is written beside and
+  renamed over the old one, which POSIX makes atomic."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   directory = path.rsplit("/", 1)[0]
   tf.io.gfile.makedirs(directory)
-  with tf.io.gfile.GFile(path, "w") as f:
-    f.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
+  text = json.dumps(value, indent=2, sort_keys=True) + "\n"
+  if is_remote(path):
+    with tf.io.gfile.GFile(path, "w") as f:
+      f.write(text)
+    return
+  partial = f"{path}.partial-{os.getpid()}-{threading.get_ident()}"  # the run's heartbeat thread writes too
+  with open(partial, "w") as f:
+    f.write(text)
+  os.replace(partial, path)
 
 
 def read_json(path: str) -> Any:
