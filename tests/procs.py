@@ -34,8 +34,13 @@ def free_ports(count: int) -> list[int]:
 def trainer_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
   env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "CLUSTER_SPEC") and not k.startswith("AIP_")}
   env.update(SAFE_ENV)
-  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-  env.update(extra or {})
+  extra = dict(extra or {})
+  # The trainer image's imports: no scikit-learn (tests/trainer_image/sklearn says why). A PYTHONPATH in `extra`
+  # (a test's plug-in modules) comes first.
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [extra.pop("PYTHONPATH", None), REPO,
+                                                    os.path.join(REPO, "tests", "trainer_image"),
+                                                    env.get("PYTHONPATH")]))
+  env.update(extra)
   return env
 
 
