@@ -281,7 +281,7 @@ def test_every_format_is_sharded_alike_per_input_pipeline(fmt, num_files, churn_
   """What a multi-worker job asks of each format's reader, through the `InputContext` each worker's pipeline gets:
   two pipelines read disjoint examples that together are the whole split (evaluation: one exact pass), whether
   each reads its own files (at least as many files as pipelines) or every n-th record of one file. One real
-  multi-worker run per behaviour (test_multiworker, test_parquet, test_your_data) then covers the processes."""
+  multi-worker run per behaviour (test_multiworker, test_gcs, test_your_data) then covers the processes."""
   schema, _ = churn
   if fmt == "image_folder":
     from scripts.public_data import write_digit_files  # pylint: disable=g-import-not-at-top

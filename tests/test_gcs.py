@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import procs
+import serving_checks
 from scripts import check_model
 from scripts import emulator as emulator_lib
 from scripts import stage_data
@@ -125,21 +126,29 @@ def test_export_reloaded_from_gcs_predicts_like_the_model(gcs, churn_data):
   np.testing.assert_allclose(served["probabilities"].numpy(), expected, rtol=1e-6)
 
 
-def test_multi_worker_reads_and_exports_gcs(gcs, gcs_churn, tmp_path):
+def test_multi_worker_reads_and_exports_gcs(gcs, gcs_churn, churn_data, tmp_path):
+  """A two-process MultiWorkerMirrored job on the bucket: both workers read gs://, the chief alone exports there.
+  Its model is a tutorial-style subclassed Keras model (a plug-in taking a dict of features), so that this one
+  real run is also the subclassed model's multi-process one: it learns, and its export serves."""
   out = "gs://test-bucket/runs/mwms"
   chief, worker = procs.addresses(2)
   cluster = {"chief": [chief], "worker": [worker]}
-  args = _gcs_args(gcs_churn, out, "--train_steps=60", "--checkpoint_every_steps=30")
+  args = _gcs_args(gcs_churn, out, "--train_steps=120", "--checkpoint_every_steps=60",
+                   "--model=tutorial_models:subclassed_dict_softmax")
+  plugin_path = {"PYTHONPATH": os.path.dirname(__file__)}  # tests/tutorial_models.py
   with procs.cluster(str(tmp_path)) as c:
-    c.start("chief", args, {**gcs.env, "TF_CONFIG": procs.tf_config(cluster, "chief", 0)})
-    c.start("worker", args, {**gcs.env, "TF_CONFIG": procs.tf_config(cluster, "worker", 0)})
+    for name in ("chief", "worker"):
+      c.start(name, args, {**gcs.env, **plugin_path, "TF_CONFIG": procs.tf_config(cluster, name, 0)})
     codes = c.wait(["chief", "worker"], 300)
     assert codes == {"chief": 0, "worker": 0}, c.log("chief")[-2000:] + c.log("worker")[-2000:]
     digests = [re.findall(r'"weights_sha256": "(\w+)"', c.log(n))[-1] for n in ("chief", "worker")]
   assert digests[0] == digests[1]
   metrics = _metrics(f"{out}/model")
   assert metrics["strategy"] == "MultiWorkerMirroredStrategy" and metrics["num_replicas"] == 2
+  assert metrics["final_step"] == 120 and metrics["eval_accuracy"] > 0.6, metrics
   assert tf.io.gfile.glob(f"{out}/**/saved_model.pb") == [f"{out}/model/saved_model.pb"]
+  local = serving_checks.copy_tree(f"{out}/model", tmp_path / "model")  # the loaders' check reads from disk
+  serving_checks.assert_loaders_agree(local, f"{churn_data}/eval/*.tfrecord")
 
 
 def test_gcs_checkpoints_resume_a_killed_run(gcs, gcs_churn):

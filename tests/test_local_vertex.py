@@ -53,6 +53,15 @@ def test_accelerators_become_logical_devices(tmp_path):
   replicas = planning.plan_replicas(_config("single_multi_gpu.yaml"), job_id="j", job_dir=str(tmp_path),
                                         ports=[7100], extra_env={})
   assert replicas[0].args[-1] == "--num_cpu_devices=4"
+  # Two 2-GPU workers: a chief and a worker of 2 logical devices each, 4 replicas in one MultiWorkerMirrored job,
+  # as on Vertex. tests/test_multiworker.py runs that job (its chief and worker, TF_CONFIG as planned here) and
+  # checks its 4 replicas; the local runner's own multi-worker launch runs in the preemption and crash tests below.
+  body = _config("multi_worker_gpu.yaml")
+  body["workerPoolSpecs"][1]["replicaCount"] = 1  # --replica_count=1=1
+  chief, worker = planning.plan_replicas(body, job_id="j", job_dir=str(tmp_path), ports=[7100, 7101], extra_env={})
+  assert [(r.task_type, r.args[-1]) for r in (chief, worker)] == [("chief", "--num_cpu_devices=2"),
+                                                                  ("worker", "--num_cpu_devices=2")]
+  assert json.loads(worker.env["TF_CONFIG"])["cluster"] == {"chief": ["127.0.0.1:7100"], "worker": ["127.0.0.1:7101"]}
   # One GPU is one device, as one CPU is: the same replica as single_cpu.yaml's, which runs end to end below.
   one_gpu, one_cpu = (planning.plan_replicas(_config(name), job_id="j", job_dir=str(tmp_path), ports=[7100],
                                              extra_env={})
@@ -97,16 +106,13 @@ def _run(tmp_path, *args):
 # Plumbing, not learning: 20 steps and one evaluation batch show the job ran as Vertex would run it.
 @pytest.mark.parametrize("config,extra,strategy,replicas,users_package", [
     # The trainer image's pools: the container's command (or the image's ENTRYPOINT) and args, no Docker.
-    # (single_gpu.yaml plans the same one-device replica: test_accelerators_become_logical_devices.)
-    ("single_cpu.yaml", [], "default", 1, False),
-    # Each worker's 2 "GPUs" are 2 logical CPU devices, each a replica, as on Vertex: 2 workers x 2. Its model is
-    # a user's package (--extra_package): built into a wheel, staged to the bucket and installed beside the
-    # trainer, as the trainer image holds it (submit builds it into the image); both workers import its build_fn
-    # from there.
-    ("multi_worker_gpu.yaml", ["--replica_count=1=1"], "MultiWorkerMirroredStrategy", 4, True),
+    # (single_gpu.yaml plans the same one-device replica, multi_worker_gpu.yaml a chief and a worker of 2 logical
+    # devices each: test_accelerators_become_logical_devices.) Its model is a user's package (--extra_package):
+    # built into a wheel, staged to the bucket and installed beside the trainer, as the trainer image holds it
+    # (submit builds it into the image); the replica imports its build_fn from there.
+    ("single_cpu.yaml", [], "default", 1, True),
+    # A chief, a worker and a parameter server, each running the trainer installed from the bucket.
     ("parameter_server.yaml", ["--replica_count=1=1"], "ParameterServerStrategy", 1, False),
-    # One 8 x H200 host under Dynamic Workload Scheduler: 8 logical devices, one replica each; no queue here.
-    ("h200_flex_start.yaml", [], "MirroredStrategy", 8, False),
 ])
 def test_local_run_end_to_end(staged, tmp_path, capsys, config, extra, strategy, replicas, users_package):
   if users_package:
@@ -122,10 +128,23 @@ def test_local_run_end_to_end(staged, tmp_path, capsys, config, extra, strategy,
   assert "from TF_CONFIG" in chief_log
   assert f"from {job_dir}/site/trainer\n" in chief_log  # the package installed from the bucket ran
   assert re.search(r"replica\(s\), container \S+/vertex-tf-trainer/trainer:\S+ as python3 -m trainer.task", out)
-  flex_start = "scheduling.strategy FLEX_START: Vertex would queue the job for its machines for up to"
-  assert (flex_start in out) == (config == "h200_flex_start.yaml"), out
+  assert "scheduling.strategy" not in out, out  # said only for a config that sets one (below)
   if users_package:
-    _assert_the_users_package_ran(job_dir, ["workerpool0-0", "workerpool1-0"])
+    _assert_the_users_package_ran(job_dir, ["workerpool0-0"])
+
+
+def test_a_flex_start_job_plans_eight_replicas_and_says_it_would_queue(staged, tmp_path, capsys):
+  """One 8 x H200 host under Dynamic Workload Scheduler, run as --dry_run (the replica prints its plan and exits:
+  8 logical devices, one replica each, in one MirroredStrategy; the batch divides among them). What Vertex's
+  scheduling would do that a local run does not is said, not silently ignored."""
+  code, job_dir = _run(tmp_path, "--config=cloud_configs/h200_flex_start.yaml", "--run_id=flex", "--args=--dry_run")
+  out = capsys.readouterr().out
+  log = open(f"{job_dir}/workerpool0-0.log").read()
+  assert code == 0, out + log[-3000:]
+  assert re.search(r"^scheduling\.strategy FLEX_START: Vertex would queue the job for its machines for up to "
+                   r"7200s \(Dynamic Workload Scheduler\); here it starts at once$", out, re.M), out
+  (plan,) = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+  assert (plan["strategy"], plan["num_replicas"], plan["cluster_source"]) == ("MirroredStrategy", 8, "TF_CONFIG"), plan
 
 
 def _assert_the_users_package_ran(job_dir, replicas):
@@ -263,10 +282,11 @@ def test_restarted_replica_resumes_from_its_checkpoint(staged, gcs, tmp_path):
 
 
 def test_timeout_stops_every_child(staged, tmp_path, capsys):
+  """Both replicas are still starting or training when the job's time is up (whichever: every child is stopped)."""
   code, job_dir = _run(tmp_path, "--config=cloud_configs/multi_worker_gpu.yaml", "--replica_count=1=1",
-                       "--args=--train_steps=1000000", "--timeout_secs=20")
+                       "--args=--train_steps=1000000", "--timeout_secs=8")
   assert code == 2
-  assert re.search(r"error: job \S+ failed: timed out after 20 s", capsys.readouterr().err)
+  assert re.search(r"error: job \S+ failed: timed out after 8 s", capsys.readouterr().err)
   assert not _children_of(job_dir)
 
 

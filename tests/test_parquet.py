@@ -1,6 +1,6 @@
 """Parquet as other tools write it: pandas' `to_parquet` file and a Spark-style export folder (`part-*.snappy.parquet`,
 `_SUCCESS`, `.crc` files) written by pyarrow, of scikit-learn's breast cancer data; read from the emulated bucket and
-from disk, under the default strategy and a 2-process MultiWorkerMirrored job, trained to a logistic regression
+from disk, under the default strategy and two replicas (MirroredStrategy), trained to a logistic regression
 baseline on the same split, served through TF Serving's loader; bad Parquet is one error line."""
 
 from __future__ import annotations
@@ -79,17 +79,20 @@ def test_a_spark_export_folder_on_the_bucket(cancer, gcs, tmp_path):
   _assert_trained_and_serves(serving_dir, cancer)
 
 
-@pytest.mark.long
-def test_parquet_on_a_two_process_multi_worker_job(cancer, tmp_path):
+def test_parquet_on_two_replicas_with_a_test_split(cancer, tmp_path):
+  """Parquet under MirroredStrategy (two replicas, in this process). How each format's reader is sharded across a
+  multi-worker job's pipelines is test_data's (`InputContext`); the real multi-process runs are one per behaviour
+  (test_multiworker, test_gcs, test_your_data), not one per format."""
   root = cancer["root"]
   out = tmp_path / "out"
-  args = [f"--train_data={root}/export", f"--eval_data={root}/eval.parquet", "--label=diagnosis",
-          f"--output_dir={out}", "--train_steps=300", "--global_batch_size=32", "--checkpoint_every_steps=300",
-          f"--test_data={root}/eval.parquet"]
-  procs.run_chief_and_worker(str(tmp_path), args, timeout=TIMEOUT)
+  result = procs.run_trainer_here([f"--train_data={root}/export", f"--eval_data={root}/eval.parquet",
+                                   "--label=diagnosis", f"--output_dir={out}", "--train_steps=300",
+                                   "--global_batch_size=32", "--checkpoint_every_steps=300",
+                                   f"--test_data={root}/eval.parquet", "--num_cpu_devices=2"])
+  assert result.returncode == 0, result.stderr[-3000:]
   with open(out / "model" / "eval_metrics.json") as f:
     metrics = json.load(f)
-  # The test split (here the eval file again) is one exact pass across both workers, like evaluation.
+  # The test split (here the eval file again) is one exact pass across the replicas, like evaluation.
   assert metrics["num_replicas"] == 2 and metrics["test_examples"] == len(cancer["eval"])
   assert metrics["test_accuracy"] == pytest.approx(metrics["eval_accuracy"])
   _assert_trained_and_serves(out / "model", cancer)

@@ -211,24 +211,10 @@ def test_invalid_cloud_config_compiles_nothing(tmp_path, capsys):
   assert not output.exists()
 
 
-def test_local_pipeline_run_on_the_emulator(gcs, churn_data, capsys):
-  for split in ("train", "eval"):
-    stage_data.upload_tree(f"{churn_data}/{split}", f"gs://test-bucket/pipe/{split}")
-  code = pipeline.main(["local", f"--config={CONFIG}", "--bucket=test-bucket", "--run_id=local1",
-                        "--param=train_data=gs://test-bucket/pipe/train/*.tfrecord",
-                        "--param=eval_data=gs://test-bucket/pipe/eval/*.tfrecord", "--param=train_steps=60",
-                        "--param=global_batch_size=64", "--local_arg=--replica_count=1=1", "--local_arg=--quiet"])
-  out = capsys.readouterr().out
-  assert code == 0, out[-3000:]
-  result = json.loads(out.strip().splitlines()[-1])
-  assert result["check_data"] == 4  # four training shards found
-  assert result["base_output_dir"] == "gs://test-bucket/runs/local1"  # the config's, ${RUN_ID} the run's name
-  assert result["metric"] > 0.8 and result["metrics"]["eval_accuracy"] == result["metric"]
-
-
 def test_local_pipeline_runs_the_configs_args_and_the_users_model(gcs, churn_data, tmp_path, capsys):
-  """The config's own args (none of them the old pipeline defaults) are what trains; a --param adds the user's
-  --model from their --extra_package, and the run ends at exactly the config's step and batch."""
+  """The pipeline run locally on the emulator: check-data finds the shards, the config's own args (none of them
+  the old pipeline defaults) are what trains, a --param adds the user's --model from their --extra_package, the
+  run ends at exactly the config's step and batch, and read-metrics returns what the model reached."""
   for split in ("train", "eval"):
     stage_data.upload_tree(f"{churn_data}/{split}", f"gs://test-bucket/own/{split}")
   config = tmp_path / "own_args.yaml"
@@ -246,7 +232,9 @@ def test_local_pipeline_runs_the_configs_args_and_the_users_model(gcs, churn_dat
   assert code == 0, out[-2000:] + log[-3000:]
   assert "churn_models: built from" in log  # the user's build_fn, from the installed package
   result = json.loads(out.strip().splitlines()[-1])
-  assert result["base_output_dir"] == "gs://test-bucket/runs/own1"
+  assert result["check_data"] == 4  # four training shards found
+  assert result["base_output_dir"] == "gs://test-bucket/runs/own1"  # the config's, ${RUN_ID} the run's name
+  assert result["metric"] > 0.8 and result["metrics"]["eval_accuracy"] == result["metric"], result
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   model_dir = "gs://test-bucket/runs/own1/model"

@@ -135,17 +135,6 @@ def test_tutorial_models_under_mirrored(churn_data, tmp_path, name, loop):
   serving_checks.assert_loaders_agree(tmp_path / "out" / "model", f"{churn_data}/eval/*.tfrecord")
 
 
-def test_a_subclassed_model_on_a_two_process_job(churn_data, tmp_path):
-  out = tmp_path / "out"
-  procs.run_chief_and_worker(str(tmp_path), test_train.data_args(churn_data) + [
-      f"--output_dir={out}", "--train_steps=120", "--model=tutorial_models:subclassed_dict_softmax"],
-      env={"PYTHONPATH": f"{procs.REPO}:{os.path.dirname(__file__)}"})
-  with open(out / "model" / "eval_metrics.json") as f:
-    metrics = json.load(f)
-  assert metrics["num_replicas"] == 2 and metrics["final_step"] == 120 and metrics["eval_accuracy"] > 0.6, metrics
-  serving_checks.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")
-
-
 def test_a_subclassed_model_that_takes_neither_form_is_one_line(churn_data):
   import keras  # pylint: disable=g-import-not-at-top
 

@@ -11,6 +11,7 @@ import time
 import pytest
 
 import procs
+import serving_checks
 
 TIMEOUT = 120
 
@@ -31,8 +32,10 @@ def _wait_for(log_path, text, proc, timeout=TIMEOUT):
     time.sleep(0.1)
 
 
-def _preempt_and_resume(args, tmp_path, *, env=None):
-  """Trains far, SIGTERMs after step 100, checks the save and exit code, then resumes 50 steps further."""
+def _preempt_and_resume(args, tmp_path, *, env=None, full_eval=False, resume_extra=()):
+  """Trains far, SIGTERMs after step 100, checks the save and exit code, then resumes 50 steps further (with
+  `full_eval`, evaluating one whole pass over the eval data instead of --eval_steps; `resume_extra`: more args for
+  the resumed run)."""
   out = tmp_path / "out"
   log = tmp_path / "first.log"
   proc = _start(args + [f"--output_dir={out}", "--train_steps=1000000"], log, env)
@@ -57,7 +60,8 @@ def _preempt_and_resume(args, tmp_path, *, env=None):
   # The resumed run in this process where nothing needs a process of its own (a parameter-server coordinator
   # and tf_keras, read at import, do).
   run = procs.run_trainer_here if env is None else procs.run_trainer
-  result = run(args + [f"--output_dir={out}", f"--train_steps={step + 50}"], env=env)
+  resume = [a for a in args if not (full_eval and a.startswith("--eval_steps="))] + list(resume_extra)
+  result = run(resume + [f"--output_dir={out}", f"--train_steps={step + 50}"], env=env)
   assert result.returncode == 0, result.stderr[-3000:]
   assert f"Resuming at step {step} of {step + 50}" in result.stderr  # 0 steps lost
   with open(out / "model" / "eval_metrics.json") as f:
@@ -81,25 +85,47 @@ def test_sigterm_saves_and_the_restart_loses_no_step(churn_data, tmp_path, extra
 def test_sigterm_to_the_parameter_server_coordinator(churn_data, tmp_path, loop):
   """The chief (coordinator) saves; the workers and parameter servers keep serving, and the restarted chief
   resumes at the saved step on the same cluster. Under `fit` (tf_keras: Keras 3 has no parameter-server fit) the
-  save comes at the end of the running epoch, where the actions fire there."""
+  save comes at the end of the running epoch, where the actions fire there. The resumed job is also the
+  parameter-server job's check as a whole: closures, learning, one exact evaluation pass, an export that serves;
+  under `fit`, where Keras runs no batch-level callbacks, logs, evaluations and checkpoints land on the steps
+  their flags name (epochs end on each of them)."""
+  out = tmp_path / "out"
   chief, worker, ps = procs.addresses(3)
   cluster = {"chief": [chief], "worker": [worker], "ps": [ps]}
   args = _args(churn_data, "--steps_per_loop=25", f"--loop={loop}")
   legacy = {"TF_USE_LEGACY_KERAS": "1"} if loop == "fit" else {}
+  cadences = ["--log_every_steps=20", "--eval_every_steps=40", "--checkpoint_every_steps=50"] if loop == "fit" else []
   servers = [{"TF_CONFIG": procs.tf_config(cluster, name, 0), **legacy} for name in ("ps", "worker")]
   with procs.cluster(str(tmp_path)) as c:
     for name, env in zip(("ps", "worker"), servers):
-      c.start(name, args + [f"--output_dir={tmp_path}/out"], env)
-    metrics = _preempt_and_resume(args, tmp_path, env={"TF_CONFIG": procs.tf_config(cluster, "chief", 0), **legacy})
-    assert c.procs["ps"].poll() is None and c.procs["worker"].poll() is None
+      c.start(name, args + [f"--output_dir={out}"], env)
+    metrics = _preempt_and_resume(args, tmp_path, env={"TF_CONFIG": procs.tf_config(cluster, "chief", 0), **legacy},
+                                  full_eval=True, resume_extra=cadences)
+    assert c.procs["ps"].poll() is None and c.procs["worker"].poll() is None  # servers run until stopped
+    assert "Serving ps:0" in c.log("ps")
   assert metrics["strategy"] == "ParameterServerStrategy"
+  assert metrics["eval_accuracy"] > 0.8 and metrics["eval_examples"] == 1000, metrics
+  serving_checks.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")  # under fit, tf_keras's
+  if loop == "custom":
+    assert "closures of up to 25 steps (--steps_per_loop) over 1 worker(s)" in open(tmp_path / "first.log").read()
+  else:
+    import test_training  # pylint: disable=g-import-not-at-top
+
+    start, end = metrics["resumed_from_step"], metrics["final_step"]
+    resumed = range(start + 1, end + 1)  # each action also fires at the final step
+    assert [s for s in test_training.train_steps_logged(out) if s > start] == [s for s in resumed if s % 20 == 0 or
+                                                                               s == end]
+    assert [s for s in test_training.train_steps_logged(out, split="eval") if s > start] == \
+        [s for s in resumed if s % 40 == 0 or s == end]
+    assert [s for s in test_training.checkpoint_steps(out) if s > start] == [s for s in resumed if s % 50 == 0 or s == end]
 
 
 @pytest.mark.parametrize("loop", ["fit"])  # the custom loop: tests/test_local_vertex.py, preemptions in a row
 def test_sigterm_to_one_multi_worker_replica_saves_on_all(churn_data, tmp_path, loop):
   """A Spot VM is reclaimed: only the worker gets SIGTERM. The workers agree on the step, all save it and exit
   143 (the job cannot go on without the preempted one), and the restarted job resumes there, in sync. `fit`
-  runs under tf_keras (Keras 3's fit fails under this strategy)."""
+  runs under tf_keras (Keras 3's fit fails under this strategy); the resumed job is also the check that
+  MultiWorkerMirrored `fit` learns, evaluates one exact pass, exports once (the chief) and serves."""
   out = tmp_path / "out"
   chief, worker = procs.addresses(2)
   cluster = {"chief": [chief], "worker": [worker]}
@@ -119,9 +145,10 @@ def test_sigterm_to_one_multi_worker_replica_saves_on_all(churn_data, tmp_path, 
   step = int(saved[1])
   assert int(saved[0]) == step >= 100 and os.path.exists(out / "checkpoints" / f"ckpt-{step}.index")
   assert re.search(rf"Preempted \(SIGTERM: saved checkpoint .*ckpt-{step} at step {step}\)", worker_log)
+  resume = [a for a in args if not a.startswith("--eval_steps=")]  # one whole pass over the eval data
   with procs.cluster(str(tmp_path)) as c:
     for name in ("chief", "worker"):
-      c.start(name, args + [f"--train_steps={step + 50}"], envs[name])
+      c.start(name, resume + [f"--train_steps={step + 50}"], envs[name])
     codes = c.wait(["chief", "worker"], TIMEOUT)
     chief_log, worker_log = c.log("chief"), c.log("worker")
   assert codes == {"chief": 0, "worker": 0}, chief_log[-2000:] + worker_log[-2000:]
@@ -132,7 +159,12 @@ def test_sigterm_to_one_multi_worker_replica_saves_on_all(churn_data, tmp_path, 
   assert (metrics["strategy"], metrics["resumed_from_step"], metrics["final_step"]) == (
       "MultiWorkerMirroredStrategy", step, step + 50)
   digests = [re.findall(r'"weights_sha256": "([0-9a-f]{64})"', log)[-1] for log in (chief_log, worker_log)]
-  assert digests[0] == digests[1]
+  assert digests[0] == digests[1]  # weights identical on both workers
+  assert "Keras 2.21" in chief_log  # tf_keras really was the Keras in use
+  assert metrics["eval_accuracy"] > 0.8 and metrics["eval_examples"] == 1000, metrics
+  exports = sorted(d for d, _, files in os.walk(tmp_path) if "saved_model.pb" in files)
+  assert exports == [str(out / "model")]  # only the chief's export exists
+  serving_checks.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")  # a tf_keras export
 
 
 def _checkpoint_at(churn_data, out, step):
