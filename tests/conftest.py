@@ -39,6 +39,24 @@ def _collective_keys_of_its_own():
     yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_under_pytests_own_dir(tmp_path_factory):
+  """Temporary files of this test process and of every process it starts (TensorFlow's autograph modules, a
+  killed worker's checkpoint scratch, a local job's default dir, pip's builds) go under pytest's base temp dir,
+  which pytest prunes to its last three runs, instead of piling up in /tmp."""
+  import tempfile  # pylint: disable=g-import-not-at-top
+
+  directory = str(tmp_path_factory.mktemp("tmp"))
+  saved = os.environ.get("TMPDIR"), tempfile.tempdir
+  os.environ["TMPDIR"] = tempfile.tempdir = directory
+  yield
+  if saved[0] is None:
+    os.environ.pop("TMPDIR", None)
+  else:
+    os.environ["TMPDIR"] = saved[0]
+  tempfile.tempdir = saved[1]
+
+
 def pytest_collection_modifyitems(items):
   """Tests marked `long` run first: with two test processes (scripts/test.sh), a test of minutes started last
   would run alone at the end while the other process idles."""
