@@ -235,6 +235,19 @@ def test_bad_schema(value, message):
     schema_lib.parse_schema(value, source="s.json")
 
 
+def test_the_whole_schema_json_in_the_docs_is_one_the_trainer_reads():
+  """docs/data.md's whole schema.json: every feature type and optional key it shows parses as it says."""
+  import re  # pylint: disable=g-import-not-at-top
+
+  docs = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "data.md")).read()
+  (block,) = re.findall(r"^## A whole schema\.json\n.*?^```json\n(.*?)^```", docs, re.M | re.S)
+  schema = schema_lib.parse_schema(json.loads(block), source="docs/data.md")
+  assert {f.type for f in schema.features} == {"float", "int", "string", "text", "image"}
+  assert (schema.feature("readings").shape, schema.feature("scan").uri) == ((4,), True)
+  assert (schema.feature("plan").default, schema.feature("last_ticket").sequence_length) == ("basic", 32)
+  assert (schema.label.num_classes, schema.label.vocabulary) == (2, ("no", "yes"))
+
+
 def test_schema_file_errors(tmp_path):
   with pytest.raises(UserError, match=r"^--schema: file .*nope.json not found"):
     schema_lib.load_schema(str(tmp_path / "nope.json"))
