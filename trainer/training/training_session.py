@@ -25,6 +25,7 @@ from trainer.training import actions as actions_lib
 from trainer.training import checkpoints
 from trainer.training import evaluation
 from trainer.training import loop as loop_lib
+from trainer.training import profiling
 
 
 class TrainingSession:
@@ -41,6 +42,7 @@ class TrainingSession:
                                                directory=job.config.output.checkpoint_dir, is_chief=job.is_chief)
     self.writer: writers.MetricWriter | None = None
     self.periodic: evaluation.PeriodicEvaluation | None = None
+    self.profile: profiling.ProfileWindow | None = None  # --profile_steps, made with the actions
     self.start_step = 0
 
   def __enter__(self) -> "TrainingSession":
@@ -72,9 +74,15 @@ class TrainingSession:
     return self.periodic is not None and self.periodic.stopped
 
   def actions(self, watcher: preemption.SigtermWatcher | None) -> list[loop_lib.PeriodicAction]:
-    return actions_lib.standard_actions(self.job, model=self.model, keeper=self.keeper, log=self.log,
-                                        guard=actions_lib.LossGuard(self.start_step), periodic=self.periodic,
-                                        watcher=watcher)
+    actions = actions_lib.standard_actions(self.job, model=self.model, keeper=self.keeper, log=self.log,
+                                           guard=actions_lib.LossGuard(self.start_step), periodic=self.periodic,
+                                           watcher=watcher)
+    profile_steps = self.job.config.train.profile_steps
+    if profile_steps:  # last: a checkpoint or evaluation due at START is not in the trace
+      self.profile = profiling.ProfileWindow(start=profile_steps[0], end=profile_steps[1], enabled=self.job.is_chief,
+                                             log_dir=self.job.config.output.tensorboard_dir)
+      actions.append(self.profile)
+    return actions
 
   def finish(self, *, train_loss: float | None) -> TrainResult:
     """After the loop: the early stop's checkpoint, the final evaluation, the result."""
@@ -88,6 +96,8 @@ class TrainingSession:
                        test_metrics=test_metrics)
 
   def close(self) -> None:
+    if self.profile is not None:
+      self.profile.close()
     if self.periodic is not None:
       self.periodic.close()
     if self.writer is not None:
