@@ -64,10 +64,11 @@ class SubmitError(RuntimeError):
 def build_sdist(out_dir: str) -> str:
   """`python setup.py sdist` of the trainer; returns the archive path. setuptools makes its release tree
   (vertex-tf-trainer-<version>/) and egg-info in the checkout itself, so two builds at once (two submits, or
-  tests in parallel) would delete each other's files: one build at a time per machine."""
+  tests in parallel) would delete each other's files: one build at a time per checkout, under a lock on its
+  setup.py (not a file in the temp dir, which differs between processes that set TMPDIR)."""
   import fcntl  # pylint: disable=g-import-not-at-top
 
-  with open(os.path.join(tempfile.gettempdir(), "vertex-tf-trainer-sdist.lock"), "w") as lock:
+  with open(os.path.join(REPO, "setup.py")) as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     result = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "--formats=gztar", "--dist-dir", out_dir],
                             cwd=REPO, capture_output=True, text=True, check=False)
