@@ -241,10 +241,15 @@ def read_metrics(base_output_dir: str, metrics: dsl.Output[dsl.Metrics]) -> floa
   return float(values.get("eval_accuracy", -values.get("eval_loss", 0.0)))
 
 
-def load_config(path: str, values: dict[str, str]) -> vertex_config.JobConfig:
+def load_config(path: str, values: dict[str, str], *, service_account: str | None = None,
+                tensorboard: str | None = None) -> vertex_config.JobConfig:
+  """The training step's config, with the run's service account and TensorBoard instance set and checked as
+  scripts.submit checks them."""
   config = vertex_config.load(path, {**values, "RUN_ID": RUN_ID_MARK})  # ${RUN_ID}: each run's own, at run time
   if config.kind != "custom_job":
     raise PipelineError(f"{path}: the pipeline's training step takes a custom-job config, not {config.kind}")
+  submit_lib.set_service_account(config.body, config.kind, service_account)
+  submit_lib.set_tensorboard(config.body, config.kind, tensorboard, region=values.get("REGION", ""))
   return config
 
 
@@ -338,6 +343,11 @@ def build_pipeline(config: vertex_config.JobConfig, *, bucket: str, params: dict
       optional["restart_job_on_worker_restart"] = True
     if scheduling.get("strategy"):
       optional["strategy"] = scheduling["strategy"]
+    # The job's identity and TensorBoard instance, as scripts.submit sets them on a CustomJob.
+    if config.body.get("serviceAccount"):
+      optional["service_account"] = config.body["serviceAccount"]
+    if config.body.get("tensorboard"):
+      optional["tensorboard"] = config.body["tensorboard"]
     output_dir = spec.outputs["base_output_dir"]
     trained = CustomTrainingJobOp(project=project, location=location, display_name="vertex-tf-trainer-train",
                                   worker_pool_specs=spec.outputs["worker_pool_specs"],
@@ -580,6 +590,11 @@ def main(argv: list[str] | None = None) -> int:
                       help="the model's serving container: default the project's serving image (Dockerfile.serving, "
                       "built with scripts.submit --build_serving_image); 'prebuilt' for Vertex's prebuilt TF "
                       "prediction image; or a URI")
+  parser.add_argument("--service_account", default=None,
+                      help="the training step's service account (the config's serviceAccount otherwise)")
+  parser.add_argument("--tensorboard", default=None, metavar="projects/P/locations/L/tensorboards/ID",
+                      help="the training step's Vertex AI TensorBoard instance (the config's tensorboard otherwise); "
+                      "needs a service account")
   parser.add_argument("--tuning_config", default=None, metavar="PATH",
                       help="a hyperparameter-tuning config (cloud_configs/hp_tuning.yaml): its study runs first and "
                       "the training step gets the best trial's parameters")
@@ -611,9 +626,10 @@ def _main(args) -> int:
     check_schedule(args.cron, args.time_zone, args.start_time, args.end_time, args.max_concurrent_runs)
   values = vertex_config.values_from(os.environ, project=args.project or "local-project", region=args.region,
                                      bucket=args.bucket)
+  identity = {"service_account": args.service_account, "tensorboard": args.tensorboard}
   # Validate before anything is built, compiled or sent.
   pending_uri = {"PACKAGE_URI": f"gs://{args.bucket}/staging/pending.tar.gz"}
-  pending = load_config(args.config, {**values, **pending_uri})
+  pending = load_config(args.config, {**values, **pending_uri}, **identity)
   check_run(pending, params, bucket=args.bucket, scheduled=args.command == "schedule")
   if args.tuning_config:
     pending_tuning = load_tuning_config(args.tuning_config, {**values, **pending_uri})
@@ -635,7 +651,7 @@ def _main(args) -> int:
                           f'eval "$(python -m scripts.gcs_emulator start --bucket {args.bucket})" and stage the data '
                           "there (python -m scripts.stage_data)")
     local_uri = {"PACKAGE_URI": f"gs://{args.bucket}/staging/local.tar.gz"}
-    config = load_config(args.config, {**values, **local_uri})
+    config = load_config(args.config, {**values, **local_uri}, **identity)
     tuning = load_tuning_config(args.tuning_config, {**values, **local_uri}) if args.tuning_config else None
     result = run_local(config, params, bucket=args.bucket, run_id=run_id, tuning=tuning,
                        extra=args.local_arg + [f"--extra_package={p}" for p in args.extra_package])
@@ -653,7 +669,7 @@ def _main(args) -> int:
                                             project=values["PROJECT"], region=args.region, archive=archive,
                                             extras=[a for a, _ in extras])
       values = {**values, "TRAINER_IMAGE": image.target}
-    config = load_config(args.config, {**values, "PACKAGE_URI": uri})
+    config = load_config(args.config, {**values, "PACKAGE_URI": uri}, **identity)
     submit_lib.add_package_uris(config.body, [u for _, u in extras])  # compiled into the training step
     tuning = None
     if args.tuning_config:
@@ -709,7 +725,7 @@ def _main(args) -> int:
           scratch=scratch)
       built = submit_lib.existing_or_built(image, build, context, context_uri, api_endpoint=args.api_endpoint)
       if built != image.target:  # the run names exactly that image, by digest: compiled again with it
-        config = load_config(args.config, {**values, "TRAINER_IMAGE": built, "PACKAGE_URI": uri})
+        config = load_config(args.config, {**values, "TRAINER_IMAGE": built, "PACKAGE_URI": uri}, **identity)
         if args.tuning_config:
           tuning = load_tuning_config(args.tuning_config, {**values, "TRAINER_IMAGE": built, "PACKAGE_URI": uri})
         compile_pipeline(config, output, bucket=args.bucket, params=params, serving=serving, tuning=tuning)

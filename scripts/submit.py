@@ -286,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--service_account", default=None,
                       help="the service account every replica runs as (the job's serviceAccount; default: Vertex's "
                            "Custom Code Service Agent)")
+  parser.add_argument("--tensorboard", default=None, metavar="projects/P/locations/L/tensorboards/ID",
+                      help="a Vertex AI TensorBoard instance the job streams its TensorBoard logs (and profiler "
+                      "traces) into, as it runs; needs --service_account")
   parser.add_argument("--display_name", default=None)
   parser.add_argument("--run_id", default=None, help="fills ${RUN_ID} (default: time stamp)")
   parser.add_argument("--args", action="append", default=[], help="extra trainer arg (repeatable)")
@@ -388,6 +391,32 @@ def trainer_image_build(image: TrainerImage, archive: str, extras: list[str], *,
                                                          context_uri=context_uri)
 
 
+_TENSORBOARD = re.compile(r"^projects/[^/]+/locations/([^/]+)/tensorboards/[^/]+$")
+
+
+def set_tensorboard(body: dict, kind: str, name: str | None, *, region: str, flag: str = "--tensorboard") -> None:
+  """The job's `tensorboard` (every trial's, for a study): Vertex AI then sets AIP_TENSORBOARD_LOG_DIR and streams
+  what the chief writes there into that Vertex AI TensorBoard instance, profiler traces included. Checks a name
+  the config gives as well as the flag's: its form, its region (the job's own), and the service account Vertex
+  requires for it."""
+  spec = body["trialJobSpec"] if kind == "hp_tuning" else body
+  if name:
+    spec["tensorboard"] = name
+  name = spec.get("tensorboard")
+  if not name:
+    return
+  found = _TENSORBOARD.match(name)
+  if not found:
+    raise SubmitError(f"{flag}={name!r}: expected projects/PROJECT/locations/REGION/tensorboards/ID, a Vertex AI "
+                      "TensorBoard instance's resource name (gcloud ai tensorboards list --region=REGION)")
+  if found.group(1) != region:
+    raise SubmitError(f"{flag}={name!r} is in {found.group(1)}, the job runs in {region}: a job writes only to a "
+                      "TensorBoard instance of its own region")
+  if not spec.get("serviceAccount"):
+    raise SubmitError(f"{flag} needs --service_account: Vertex AI uploads a job's TensorBoard logs only as a "
+                      "service account of the job's own (with roles/aiplatform.user and write access to the bucket)")
+
+
 def _submit(args) -> int:
   project = gcp_context.project(args.project)
   if project is None:
@@ -411,6 +440,7 @@ def _submit(args) -> int:
     pending = vertex_config.load(args.config, {**values, "PACKAGE_URI": f"gs://{args.bucket}/staging/pending.tar.gz"})
     checked = apply_overrides(pending, args.args, env)
     set_service_account(checked, pending.kind, args.service_account)
+    set_tensorboard(checked, pending.kind, args.tensorboard, region=args.region)
     check_trainer_args(checked, pending.kind)
     if pending.kind == "hp_tuning":
       check_study(checked, args.config)
@@ -486,6 +516,7 @@ def _submit(args) -> int:
       config = vertex_config.load(args.config, filled)
       body = apply_overrides(config, args.args, env)
       set_service_account(body, config.kind, args.service_account)
+      set_tensorboard(body, config.kind, args.tensorboard, region=args.region)
       add_package_uris(body["trialJobSpec"] if config.kind == "hp_tuning" else body, [u for _, u in extras])
       return config, body, request_for(config.kind, body, display_name)
 

@@ -52,6 +52,18 @@ def test_compiled_training_step_has_the_config_pools(tmp_path, capsys):
   assert parameters["trainer_flags"]["defaultValue"] == {} and parameters["base_output_dir"]["defaultValue"] == ""
 
 
+def test_the_training_step_runs_as_the_service_account_into_vertex_tensorboard(tmp_path, capsys):
+  """--service_account and --tensorboard reach the training step's CustomJob as scripts.submit sets them."""
+  output = tmp_path / "pipeline.yaml"
+  board = "projects/p/locations/europe-west4/tensorboards/9"
+  assert pipeline.main(["compile", f"--config={CONFIG}", "--bucket=bkt", "--region=europe-west4", f"--output={output}",
+                        "--service_account=trainer@p.iam.gserviceaccount.com", f"--tensorboard={board}"]) == 0, \
+      capsys.readouterr().err
+  train = yaml.safe_load(output.read_text())["root"]["dag"]["tasks"]["custom-training-job"]["inputs"]["parameters"]
+  assert train["service_account"]["runtimeValue"]["constant"] == "trainer@p.iam.gserviceaccount.com"
+  assert train["tensorboard"]["runtimeValue"]["constant"] == board
+
+
 def test_compile_params_become_the_run_defaults(tmp_path, capsys):
   output = tmp_path / "not" / "made" / "yet" / "pipeline.yaml"  # compile makes the folder it is told to write to
   assert pipeline.main(["compile", f"--config={CONFIG}", "--bucket=bkt", f"--output={output}",
@@ -180,6 +192,8 @@ def test_submit_and_schedule_are_captured(gcs, capsys):
      r"^error: every scheduled run would write to gs://b/fixed, and a later run would find the earlier run's final "
      r"checkpoint and not train; put \$\{RUN_ID\} in "),
     (["submit"], r"^error: --project is required"),
+    (["compile", "--tensorboard=projects/p/locations/us-central1/tensorboards/9"],
+     r"^error: --tensorboard needs --service_account"),
     (["compile", "--config=cloud_configs/hp_tuning.yaml"], r"takes a custom-job config, not hp_tuning"),
     (["submit", "--tuning_config=cloud_configs/single_cpu.yaml"],
      r"^error: --tuning_config=cloud_configs/single_cpu.yaml: expected a hyperparameter-tuning config"),

@@ -317,7 +317,8 @@ def test_submission_builds_the_trainer_image_once_and_reuses_it_by_source(gcs, c
   second submission of the same source finds the tag and builds nothing."""
   common = ["--config=cloud_configs/multi_worker_gpu.yaml", "--project=proj", "--region=europe-west4",
             "--bucket=test-bucket", "--args=--train_steps=50", "--env=MODE=test", "--poll_secs=0.05",
-            "--service_account=trainer@proj.iam.gserviceaccount.com"]
+            "--service_account=trainer@proj.iam.gserviceaccount.com",
+            "--tensorboard=projects/proj/locations/europe-west4/tensorboards/42"]
   staged_before = set(_list("staging/"))
   with fake_vertex.running() as fake:
     code = submit.main([*common, "--run_id=t1", f"--api_endpoint={fake.endpoint}"])
@@ -349,6 +350,8 @@ def test_submission_builds_the_trainer_image_once_and_reuses_it_by_source(gcs, c
     assert list(pool.container_spec.args)[-1] == "--train_steps=50"
     assert [(e.name, e.value) for e in pool.container_spec.env] == [("MODE", "test")]
   assert job.job_spec.service_account == "trainer@proj.iam.gserviceaccount.com"
+  # Vertex streams AIP_TENSORBOARD_LOG_DIR (scalars, profiler traces) into this instance as the job runs.
+  assert job.job_spec.tensorboard == "projects/proj/locations/europe-west4/tensorboards/42"
   assert job.job_spec.base_output_directory.output_uri_prefix == "gs://test-bucket/runs/t1"
   assert _job(second).job_spec.worker_pool_specs[0].container_spec.image_uri == by_digest
   job_id = re.search(r"^submitted projects/proj/locations/europe-west4/customJobs/(\d+)$", out, re.M).group(1)
@@ -452,8 +455,11 @@ def test_extra_packages_are_built_into_the_trainer_image(gcs, capsys, tmp_path):
 
 
 def test_hp_tuning_submission(gcs, capsys):
+  """Every trial runs as the service account and streams its logs into the TensorBoard instance given."""
   with fake_vertex.running() as fake:
     code = submit.main(["--config=cloud_configs/hp_tuning.yaml", "--project=proj", "--bucket=test-bucket",
+                        "--region=us-central1", "--service_account=tuner@proj.iam.gserviceaccount.com",
+                        "--tensorboard=projects/proj/locations/us-central1/tensorboards/7",
                         f"--api_endpoint={fake.endpoint}", "--no_follow"])
     assert code == 0, capsys.readouterr()
     (body,) = fake.created("hyperparameterTuningJobs")
@@ -463,6 +469,8 @@ def test_hp_tuning_submission(gcs, capsys):
   assert job.study_spec.metrics[0].metric_id == "accuracy"
   trial_pool = job.trial_job_spec.worker_pool_specs[0]
   assert "--hypertune_metric=accuracy" in trial_pool.container_spec.args and "@sha256:" in trial_pool.container_spec.image_uri
+  assert (job.trial_job_spec.service_account, job.trial_job_spec.tensorboard) == (
+      "tuner@proj.iam.gserviceaccount.com", "projects/proj/locations/us-central1/tensorboards/7")
 
 
 def test_a_study_the_trainer_cannot_run_is_not_sent(gcs, capsys, tmp_path):
@@ -576,6 +584,17 @@ def test_dry_run_prints_request_and_an_equivalent_gcloud_command(capsys, monkeyp
      r"^error: --service_account='me' is not a service account e-mail; expected NAME@PROJECT.iam.gserviceaccount.com$"),
     (["--config=cloud_configs/nope.yaml", "--project=p", "--bucket=test-bucket"],
      r"^error: cloud_configs/nope.yaml: cannot read"),
+    (["--config=cloud_configs/single_cpu.yaml", "--project=p", "--region=us-central1", "--bucket=test-bucket",
+      "--tensorboard=projects/p/locations/us-central1/tensorboards/1"],
+     r"^error: --tensorboard needs --service_account: Vertex AI uploads a job's TensorBoard logs only as a service "
+     r"account of the job's own"),
+    (["--config=cloud_configs/single_cpu.yaml", "--project=p", "--region=europe-west4", "--bucket=test-bucket",
+      "--service_account=t@p.iam.gserviceaccount.com", "--tensorboard=projects/p/locations/us-central1/tensorboards/1"],
+     r"^error: --tensorboard='projects/p/locations/us-central1/tensorboards/1' is in us-central1, the job runs in "
+     r"europe-west4: a job writes only to a TensorBoard instance of its own region$"),
+    (["--config=cloud_configs/single_cpu.yaml", "--project=p", "--bucket=test-bucket",
+      "--service_account=t@p.iam.gserviceaccount.com", "--tensorboard=1234"],
+     r"^error: --tensorboard='1234': expected projects/PROJECT/locations/REGION/tensorboards/ID"),
     (["--config=cloud_configs/single_cpu.yaml", "--project=p", "--bucket=test-bucket", "--env=NOEQUALS"],
      r"^error: --env expects KEY=VALUE, got 'NOEQUALS'"),
     # A dry run printed a ready-to-run gcloud command for these; the job would fail only on Vertex.
