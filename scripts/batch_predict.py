@@ -46,6 +46,7 @@ import sys
 from typing import Any, Iterator
 
 from scripts import clients
+from scripts import progress as progress_lib
 from serving import predict
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tfrecord": "tfrecord"}
@@ -253,9 +254,11 @@ def _is_text(value: bytes) -> bool:
 
 
 def run_local(model: predict.SessionModel, files: list[str], kind: str, output_dir: str, *, batch_size: int,
-              results_per_file: int, config: InstanceConfig = InstanceConfig()) -> dict[str, Any]:
+              results_per_file: int, config: InstanceConfig = InstanceConfig(),
+              progress: progress_lib.Progress | None = None) -> dict[str, Any]:
   """Answers every instance; writes Vertex's results and errors files; returns the counts, the fields the model
-  ignored, and where the first error was and why (`first_error`, None when none failed)."""
+  ignored, and where the first error was and why (`first_error`, None when none failed). `progress`: told of
+  each batch answered (default: a bar on a terminal, a line every 10 s elsewhere, on stderr)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   results: list[str] = []
@@ -307,11 +310,16 @@ def run_local(model: predict.SessionModel, files: list[str], kind: str, output_d
         fail(where, shown, str(e).replace("instance 0: ", "", 1))
     batch.clear()
 
-  for item in instances(files, kind):
-    batch.append(item)
-    if len(batch) >= batch_size:
-      flush()
-  flush()
+  with progress or progress_lib.Progress(total=None, what="batch prediction", unit="instance") as reporter:
+    for item in instances(files, kind):
+      batch.append(item)
+      if len(batch) >= batch_size:
+        answered_now = len(batch)
+        flush()
+        reporter.advance(answered_now)
+    answered_now = len(batch)
+    flush()
+    reporter.advance(answered_now)
   shards = max(1, -(-len(results) // results_per_file))
   written = []
   for shard in range(shards):

@@ -30,6 +30,7 @@ import tempfile
 from typing import Iterator
 
 from scripts import demo_data
+from scripts import progress as progress_lib
 from trainer.core import paths
 from trainer.core import storage
 from trainer.core.errors import UserError
@@ -50,8 +51,10 @@ def split_gcs_uri(uri: str) -> tuple[str, str]:
   return bucket, prefix.strip("/")
 
 
-def upload_tree(local_dir: str, destination: str, *, workers: int = 8, client=None) -> list[str]:
-  """Uploads every file under `local_dir` to `destination` (gs://); returns the object URIs."""
+def upload_tree(local_dir: str, destination: str, *, workers: int = 8, client=None,
+                progress: progress_lib.Progress | None = None) -> list[str]:
+  """Uploads every file under `local_dir` to `destination` (gs://), `workers` at a time, in batches that report
+  to `progress` (default: a bar on a terminal, a line every 10 s elsewhere, on stderr); returns the object URIs."""
   from google.cloud import storage  # pylint: disable=g-import-not-at-top
   from google.cloud.storage import transfer_manager  # pylint: disable=g-import-not-at-top
 
@@ -60,12 +63,17 @@ def upload_tree(local_dir: str, destination: str, *, workers: int = 8, client=No
   bucket = client.bucket(bucket_name)
   names = sorted(os.path.relpath(p, local_dir) for p in glob.glob(os.path.join(local_dir, "**"), recursive=True)
                  if os.path.isfile(p))
-  results = transfer_manager.upload_many_from_filenames(
-      bucket, names, source_directory=local_dir, blob_name_prefix=f"{prefix}/" if prefix else "",
-      max_workers=workers, worker_type=transfer_manager.THREAD)
-  for name, result in zip(names, results):
-    if isinstance(result, Exception):
-      raise StageError(f"uploading {name} to {destination} failed: {result}")
+  step = max(4 * workers, 32)  # enough files per batch to keep every worker busy
+  with progress or progress_lib.Progress(total=len(names), what=f"staging to {destination}", unit="file") as reporter:
+    for start in range(0, len(names), step):
+      batch = names[start:start + step]
+      results = transfer_manager.upload_many_from_filenames(
+          bucket, batch, source_directory=local_dir, blob_name_prefix=f"{prefix}/" if prefix else "",
+          max_workers=workers, worker_type=transfer_manager.THREAD)
+      for name, result in zip(batch, results):
+        if isinstance(result, Exception):
+          raise StageError(f"uploading {name} to {destination} failed: {result}")
+      reporter.advance(len(batch))
   return [f"gs://{bucket_name}/{prefix}/{name}" if prefix else f"gs://{bucket_name}/{name}" for name in names]
 
 

@@ -374,3 +374,25 @@ def test_the_job_carries_the_instance_config(capsys):
   assert (configs[0].instance_type, configs[0].key_field, list(configs[0].excluded_fields),
           list(configs[0].included_fields)) == ("object", "Name", ["Ticket", "Cabin"], [])
   assert (configs[1].instance_type, configs[1].key_field, list(configs[1].included_fields)) == ("array", "", ["x"])
+
+
+def test_a_local_batch_reports_its_progress_batch_by_batch(iris_model, tmp_path):
+  """Off a terminal, a line per interval (here every batch) with the count so far, as staging and training do."""
+  import io  # pylint: disable=g-import-not-at-top
+
+  from scripts import progress as tool_progress  # pylint: disable=g-import-not-at-top
+
+  model_dir, rows = iris_model
+  rows.iloc[:20].drop(columns=["species"]).to_json(tmp_path / "in.jsonl", orient="records", lines=True)
+  stream = io.StringIO()
+  reporter = tool_progress.Progress(total=None, what="batch prediction", unit="instance", stream=stream, every_secs=0)
+  model = predict.SessionModel(str(model_dir))
+  try:
+    counts = batch_predict.run_local(model, [str(tmp_path / "in.jsonl")], "jsonl", str(tmp_path), batch_size=8,
+                                     results_per_file=100, progress=reporter)
+  finally:
+    model.close()
+  assert counts["predictions"] == 20
+  assert [line.split(",")[0] for line in stream.getvalue().splitlines()] == [
+      "batch prediction: 8 instances", "batch prediction: 16 instances", "batch prediction: 20 instances",
+      "batch prediction: 20 instances"]  # each batch of 8, the last 4, then the total at the end

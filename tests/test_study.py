@@ -275,6 +275,10 @@ def test_a_local_study_tunes_the_models_own_hyperparameters(iris_staged, tmp_pat
   assert record["bestTrial"] == best
   assert re.search(rf"^best trial {best}: loss={finals[best]:.6g} \(minimize\)", out, re.MULTILINE), out
   assert re.search(r"^study study1: 4 trial\(s\) of 6, 2 at a time", out, re.MULTILINE)
+  # Each trial's last line says how far the study is and which trial leads.
+  ends = re.findall(r"^trial \d: SUCCEEDED \(loss=\S+ at step 120, \d+ s\); (\d) of 4 trial\(s\) done, best so far "
+                    r"trial (\d) \(loss=", out, re.MULTILINE)
+  assert [int(done) for done, _ in ends] == [1, 2, 3, 4] and ends[-1][1] == best, out
 
 
 def test_failed_trials_count_against_max_failed_trial_count(iris_staged, tmp_path, capsys):

@@ -133,8 +133,12 @@ def run_study(spec: StudySpec, *, job_spec: dict, job_id: str, job_dir: str, lau
                       f"the job succeeded but reported no {spec.metric!r} measurement")
       tuner.failed(trial.handle)
     ending = f"{spec.metric}={trial.final[1]:.6g} at step {trial.final[0]}" if trial.final else trial.reason
+    ended = sum(t.state in ("SUCCEEDED", "FAILED", "STOPPED") for t in trials)
+    leader = best(spec, trials)  # the study's progress, on the line each trial ends with
+    standing = f"; {ended} of {limit} trial(s) done" + (
+        f", best so far trial {leader.id} ({spec.metric}={leader.final[1]:.6g})" if leader else "")
     say(f"trial {trial.id}: {trial.state} ({ending}, {trial.seconds:.0f} s)"
-        + (f": {trial.reason}" if trial.state == "FAILED" and trial.final else ""))
+        + (f": {trial.reason}" if trial.state == "FAILED" and trial.final else "") + standing)
 
   try:
     while True:
