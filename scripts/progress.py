@@ -32,7 +32,7 @@ class Progress:
     if interactive:
       from tqdm import tqdm  # pylint: disable=g-import-not-at-top
 
-      self._bar = tqdm(total=total, desc=what, unit=unit, file=self._stream, leave=True)
+      self._bar = tqdm(total=total, desc=what, unit=f" {unit}s", file=self._stream, leave=True)
 
   def __enter__(self) -> "Progress":
     return self

@@ -164,9 +164,8 @@ class TrainConfig:
   log_every_steps: int = option(50, "Steps between progress lines and TensorBoard scalars.", accepts=POSITIVE)
   profile_steps: tuple[int, ...] | None = option(
       None, "START,END: capture a TensorFlow profiler trace of these training steps on the chief into the "
-      "TensorBoard dir (plugins/profile/: TensorBoard's Profile tab, Vertex AI TensorBoard, xprof). The custom loop "
-      "traces exactly those steps; fit from the first Keras execution ending at or after START to the first at or "
-      "after END.", accepts=Accepts(lambda steps: len(steps) == 2 and 0 <= steps[0] < steps[1],
+      "TensorBoard dir (plugins/profile/: TensorBoard's Profile tab, Vertex AI TensorBoard, xprof): steps "
+      "START+1..END under both loops (fit sizes its executions to end there).", accepts=Accepts(lambda steps: len(steps) == 2 and 0 <= steps[0] < steps[1],
                                      "START,END: two steps with 0 <= START < END (e.g. 10,20)"))
   checkpoint_every_steps: int = option(200, "Steps between checkpoints.", accepts=POSITIVE)
   checkpoint_every_secs: float | None = option(

@@ -46,9 +46,12 @@ def fit_calls(start_step: int, train_steps: int, steps_per_epoch: int, *,
 
 
 def fit_steps_per_execution(*, steps_per_loop: int, checkpoint_every_steps: int, train_steps: int,
-                            log_every_steps: int | None = None, eval_every_steps: int | None = None) -> int:
-  """Steps per Keras execution that land exactly on every checkpoint, log line, evaluation and the final step."""
-  return math.gcd(steps_per_loop, checkpoint_every_steps, train_steps, log_every_steps or 0, eval_every_steps or 0)
+                            log_every_steps: int | None = None, eval_every_steps: int | None = None,
+                            profile_steps: tuple[int, ...] | None = None) -> int:
+  """Steps per Keras execution that land exactly on every checkpoint, log line, evaluation, each edge of the
+  profiler's window (--profile_steps) and the final step."""
+  return math.gcd(steps_per_loop, checkpoint_every_steps, train_steps, log_every_steps or 0, eval_every_steps or 0,
+                  *(profile_steps or ()))
 
 
 def fit_epoch_steps(train: config_lib.TrainConfig, *, batch_level: bool) -> int:
@@ -57,7 +60,8 @@ def fit_epoch_steps(train: config_lib.TrainConfig, *, batch_level: bool) -> int:
   names: the greatest common divisor of the checkpoint, log and evaluation periods."""
   if batch_level:
     return train.checkpoint_every_steps
-  return math.gcd(train.checkpoint_every_steps, train.log_every_steps, train.eval_every_steps or 0)
+  return math.gcd(train.checkpoint_every_steps, train.log_every_steps, train.eval_every_steps or 0,
+                  *(train.profile_steps or ()))
 
 
 class WindowMeans:
@@ -118,10 +122,12 @@ def _steps_per_execution(job: Job) -> int:
   cfg = job.config.train
   steps_per_execution = fit_steps_per_execution(
       steps_per_loop=cfg.steps_per_loop, checkpoint_every_steps=cfg.checkpoint_every_steps,
-      train_steps=job.train_steps, log_every_steps=cfg.log_every_steps, eval_every_steps=cfg.eval_every_steps)
+      train_steps=job.train_steps, log_every_steps=cfg.log_every_steps, eval_every_steps=cfg.eval_every_steps,
+      profile_steps=cfg.profile_steps)
   if steps_per_execution != cfg.steps_per_loop:
     logging.info("fit: steps_per_execution=%d, so that executions end on every checkpoint (every %d steps), "
-                 "log line and the final step %d", steps_per_execution, cfg.checkpoint_every_steps, job.train_steps)
+                 "log line, profiled step and the final step %d", steps_per_execution, cfg.checkpoint_every_steps,
+                 job.train_steps)
   if job.strategy.num_replicas_in_sync > 1 and models.keras_version().startswith("3.") and steps_per_execution > 1:
     # Keras 3 fails under mirrored strategies with steps_per_execution > 1 ("You must feed a value for
     # placeholder tensor ... while/cond"), measured with Keras 3.15.1 / TF 2.21. --steps_per_loop's help says so.

@@ -3,9 +3,9 @@ TensorBoard dir (`AIP_TENSORBOARD_LOG_DIR` on Vertex), where TensorBoard's Profi
 or `xprof --logdir`) and Vertex AI TensorBoard's profiler read it: `<dir>/plugins/profile/<run>/<host>.xplane.pb`.
 
 One periodic action in every loop's list (`actions.standard_actions`), so it fires where the others do: the custom
-loop ends a chunk at START and at END (the trace holds exactly those steps); Keras `fit` fires after each execution,
-so the trace starts at the first execution end at or after START and stops at the first at or after END (the log
-line says which steps it holds). Under parameter servers the chief is the coordinator: its trace shows the
+loop ends a chunk at START and at END, and `fit` sizes its executions to end there too (`fit_loop`), so the trace
+holds exactly steps START+1..END. A run that starts (or resumes) inside the window traces from its first step; one
+that resumes past it, or ends before START, traces nothing and says so. Under parameter servers the chief is the coordinator: its trace shows the
 dispatch of closures, not the workers' kernels. Every process holds the action, so that the workers' agreement
 on which actions are due sees the same list everywhere; only the chief traces. No TensorFlow at import time.
 """
@@ -26,6 +26,22 @@ class ProfileWindow(loop_lib.PeriodicAction):
     self._start, self._end, self._log_dir, self._enabled = start, end, log_dir, enabled
     self._started_at: int | None = None
     self._done = False
+
+  def begin(self, start_step: int, total_steps: int) -> None:
+    """Before the first step: starts the trace at once when the run starts inside the window (START 0, or a resume
+    between START and END); a window the run cannot reach is said once and left."""
+    if self._start >= total_steps:
+      self._done = True
+      if self._enabled:
+        logging.warning("Profiler: --profile_steps=%d,%d starts at or after the final step %d: nothing is traced",
+                        self._start, self._end, total_steps)
+    elif start_step >= self._end:
+      self._done = True
+      if self._enabled:
+        logging.warning("Profiler: steps %d-%d were trained before step %d, where this run resumed: nothing is "
+                        "traced", self._start + 1, self._end, start_step)
+    elif start_step >= self._start:
+      self._toggle(loop_lib.LoopState(step=start_step))
 
   def steps_to_boundary(self, step: int) -> int | None:
     for edge in (self._start, self._end):

@@ -81,6 +81,7 @@ class TrainingSession:
     if profile_steps:  # last: a checkpoint or evaluation due at START is not in the trace
       self.profile = profiling.ProfileWindow(start=profile_steps[0], end=profile_steps[1], enabled=self.job.is_chief,
                                              log_dir=self.job.config.output.tensorboard_dir)
+      self.profile.begin(self.start_step, self.total_steps)
       actions.append(self.profile)
     return actions
 
