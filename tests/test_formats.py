@@ -116,6 +116,26 @@ def test_headerless_gzip_csv_from_scikit_learn():
     _source(path, columns=("a", "b", "c"))
 
 
+def test_many_small_files_written_class_after_class_are_sampled_across_their_length(tmp_path):
+  """scikit-learn's wine, one row per CSV file in its own order (class 0, then 1, then 2), as a newcomer staged it:
+  the sample reads files spread over the whole sorted list, so every class is seen (it read the first 64 of 178
+  files, found 2 classes of 3, and a later file's label was refused)."""
+  wine = sk_datasets.load_wine(as_frame=True).frame.rename(columns={"target": "cultivar"})
+  files = []
+  for i, (_, row) in enumerate(wine.iterrows()):
+    path = str(tmp_path / f"part-{i:04d}.csv")
+    row.to_frame().T.astype({"cultivar": int}).to_csv(path, index=False)
+    files.append(path)
+  logged = []
+  schema = schema_inference.infer_schema(files, _source(files[0]), schema_inference.InferenceConfig(label="cultivar"),
+                                         flag="--train_data", log=logged.append)
+  assert schema.label.num_classes == 3, logged
+  assert logged[0].startswith("schema inference: 64 records sampled from 64 of 178 file(s) (CSV"), logged
+  reading = schema_inference._reading_order(files)  # pylint: disable=protected-access
+  assert reading[:16] == [files[i * 178 // 16] for i in range(16)] and len(reading) == len(set(reading)) == 64
+  assert schema_inference._reading_order(files[:10]) == files[:10]  # pylint: disable=protected-access  (few: all)
+
+
 def test_inferred_iris_schema(iris_files):
   files, frame = iris_files
   logged = []

@@ -6,9 +6,10 @@ r"""Schema inference: a `schema.json` from the data itself, given the label colu
 The trainer runs the same inference when there is no `--schema` and no `schema.json` beside the training files
 but there is a `--label`, logs the result, and writes it beside the checkpoints and the export.
 
-It reads a bounded, deterministic sample (`--infer_sample_rows`, default 100,000 records: the files in sorted
-order, an even share from each of the first 16, more files only when those run short), so every worker of a
-job infers the same schema and 1M rows cost what 100k do. Pure Python: no TensorFlow op runs before the strategy
+It reads a bounded, deterministic sample (`--infer_sample_rows`, default 100,000 records: an even share from each of
+16 files spread evenly over the sorted list, more of up to 64 spread files only when those run short), so every
+worker of a job infers the same schema, 1M rows cost what 100k do, and data written in order (one class after
+another, day by day) is sampled across its whole length, not from its first files only. Pure Python: no TensorFlow op runs before the strategy
 is built. Per column:
 - numbers (an Example's float/int64 list, CSV fields that all parse as numbers, JSON numbers or arrays of them):
   numeric with mean/std for the model's standardization and the mean as the default for a missing value;
@@ -112,11 +113,25 @@ class _Column:
     self.kinds["number"] += 1
 
 
+def _reading_order(files: list[str]) -> list[str]:
+  """The files a sample reads, in order: 16 spread evenly over the sorted list first (every file when fewer), then
+  the others of up to 64 spread evenly, for when those run short. A newcomer's 356 one-row files, written class
+  after class, were sampled from the first 64 only: two classes of three, and a later file's label refused."""
+  def spread(count: int) -> list[int]:
+    if len(files) <= count:
+      return list(range(len(files)))
+    return sorted({i * len(files) // count for i in range(count)})
+
+  first = spread(_SAMPLED_FILES)
+  return [files[i] for i in first + [i for i in spread(_MAX_FILES_READ) if i not in set(first)]]
+
+
 def sample_records(files: list[str], source: formats.Source, *, limit: int, flag: str):
-  """Up to `limit` (where, record) pairs: an even share from each of the first files, deterministically."""
+  """Up to `limit` (where, record) pairs: an even share from each of 16 files spread over the sorted list,
+  deterministically (`_reading_order`)."""
   share = max(1, -(-limit // min(len(files), _SAMPLED_FILES)))
   taken: list[tuple[str, dict[str, Any]]] = []
-  for path in files[:_MAX_FILES_READ]:
+  for path in _reading_order(files):
     wanted = min(share, limit - len(taken))
     read = 0
     for where, record in formats.iter_records(path, source, flag=flag):
