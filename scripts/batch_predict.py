@@ -273,9 +273,9 @@ def run_local(model: predict.SessionModel, files: list[str], kind: str, output_d
     if not first_error:
       first_error.append(f"{where}: {message}" if not message.startswith(where) else message)
 
-  def flush() -> None:
+  def flush() -> int:
     """Answers the batch at once; when the model refuses it, one instance at a time, in input order, so only
-    the bad ones go to errors_stats."""
+    the bad ones go to errors_stats. Returns how many instances it answered (results and errors)."""
     prepared = []  # (where, what is sent, what the output shows, why it cannot be sent or None)
     for where, instance in batch:
       if isinstance(instance, _BadLine):
@@ -309,17 +309,14 @@ def run_local(model: predict.SessionModel, files: list[str], kind: str, output_d
       except predict.PredictError as e:
         fail(where, shown, str(e).replace("instance 0: ", "", 1))
     batch.clear()
+    return len(prepared)
 
   with progress or progress_lib.Progress(total=None, what="batch prediction", unit="instance") as reporter:
     for item in instances(files, kind):
       batch.append(item)
       if len(batch) >= batch_size:
-        answered_now = len(batch)
-        flush()
-        reporter.advance(answered_now)
-    answered_now = len(batch)
-    flush()
-    reporter.advance(answered_now)
+        reporter.advance(flush())
+    reporter.advance(flush())
   shards = max(1, -(-len(results) // results_per_file))
   written = []
   for shard in range(shards):

@@ -249,7 +249,7 @@ def load_config(path: str, values: dict[str, str], *, service_account: str | Non
   if config.kind != "custom_job":
     raise PipelineError(f"{path}: the pipeline's training step takes a custom-job config, not {config.kind}")
   submit_lib.set_service_account(config.body, config.kind, service_account)
-  submit_lib.set_tensorboard(config.body, config.kind, tensorboard, region=values.get("REGION", ""))
+  submit_lib.set_tensorboard(config.body, config.kind, tensorboard, region=values["REGION"])
   return config
 
 

@@ -394,7 +394,7 @@ def trainer_image_build(image: TrainerImage, archive: str, extras: list[str], *,
 _TENSORBOARD = re.compile(r"^projects/[^/]+/locations/([^/]+)/tensorboards/[^/]+$")
 
 
-def set_tensorboard(body: dict, kind: str, name: str | None, *, region: str, flag: str = "--tensorboard") -> None:
+def set_tensorboard(body: dict, kind: str, name: str | None, *, region: str) -> None:
   """The job's `tensorboard` (every trial's, for a study): Vertex AI then sets AIP_TENSORBOARD_LOG_DIR and streams
   what the chief writes there into that Vertex AI TensorBoard instance, profiler traces included. Checks a name
   the config gives as well as the flag's: its form, its region (the job's own), and the service account Vertex
@@ -407,13 +407,13 @@ def set_tensorboard(body: dict, kind: str, name: str | None, *, region: str, fla
     return
   found = _TENSORBOARD.match(name)
   if not found:
-    raise SubmitError(f"{flag}={name!r}: expected projects/PROJECT/locations/REGION/tensorboards/ID, a Vertex AI "
-                      "TensorBoard instance's resource name (gcloud ai tensorboards list --region=REGION)")
+    raise SubmitError(f"--tensorboard={name!r}: expected projects/PROJECT/locations/REGION/tensorboards/ID, a "
+                      "Vertex AI TensorBoard instance's resource name (gcloud ai tensorboards list --region=REGION)")
   if found.group(1) != region:
-    raise SubmitError(f"{flag}={name!r} is in {found.group(1)}, the job runs in {region}: a job writes only to a "
-                      "TensorBoard instance of its own region")
+    raise SubmitError(f"--tensorboard={name!r} is in {found.group(1)}, the job runs in {region}: a job writes only "
+                      "to a TensorBoard instance of its own region")
   if not spec.get("serviceAccount"):
-    raise SubmitError(f"{flag} needs --service_account: Vertex AI uploads a job's TensorBoard logs only as a "
+    raise SubmitError("--tensorboard needs --service_account: Vertex AI uploads a job's TensorBoard logs only as a "
                       "service account of the job's own (with roles/aiplatform.user and write access to the bucket)")
 
 

@@ -12,6 +12,7 @@ import pytest
 
 import procs
 import serving_checks
+import test_multiworker
 
 TIMEOUT = 120
 
@@ -60,7 +61,7 @@ def _preempt_and_resume(args, tmp_path, *, env=None, full_eval=False, resume_ext
   # The resumed run in this process where nothing needs a process of its own (a parameter-server coordinator
   # and tf_keras, read at import, do).
   run = procs.run_trainer_here if env is None else procs.run_trainer
-  resume = [a for a in args if not (full_eval and a.startswith("--eval_steps="))] + list(resume_extra)
+  resume = (_one_eval_pass(args) if full_eval else list(args)) + list(resume_extra)
   result = run(resume + [f"--output_dir={out}", f"--train_steps={step + 50}"], env=env)
   assert result.returncode == 0, result.stderr[-3000:]
   assert f"Resuming at step {step} of {step + 50}" in result.stderr  # 0 steps lost
@@ -68,6 +69,11 @@ def _preempt_and_resume(args, tmp_path, *, env=None, full_eval=False, resume_ext
     metrics = json.load(f)
   assert (metrics["resumed_from_step"], metrics["final_step"]) == (step, step + 50)
   return metrics
+
+
+def _one_eval_pass(args):
+  """`args` without --eval_steps: the run evaluates one whole pass over the eval data (1000 examples)."""
+  return [a for a in args if not a.startswith("--eval_steps=")]
 
 
 def _args(churn_data, *extra):
@@ -145,7 +151,7 @@ def test_sigterm_to_one_multi_worker_replica_saves_on_all(churn_data, tmp_path, 
   step = int(saved[1])
   assert int(saved[0]) == step >= 100 and os.path.exists(out / "checkpoints" / f"ckpt-{step}.index")
   assert re.search(rf"Preempted \(SIGTERM: saved checkpoint .*ckpt-{step} at step {step}\)", worker_log)
-  resume = [a for a in args if not a.startswith("--eval_steps=")]  # one whole pass over the eval data
+  resume = _one_eval_pass(args)
   with procs.cluster(str(tmp_path)) as c:
     for name in ("chief", "worker"):
       c.start(name, resume + [f"--train_steps={step + 50}"], envs[name])
@@ -162,8 +168,7 @@ def test_sigterm_to_one_multi_worker_replica_saves_on_all(churn_data, tmp_path, 
   assert digests[0] == digests[1]  # weights identical on both workers
   assert "Keras 2.21" in chief_log  # tf_keras really was the Keras in use
   assert metrics["eval_accuracy"] > 0.8 and metrics["eval_examples"] == 1000, metrics
-  exports = sorted(d for d, _, files in os.walk(tmp_path) if "saved_model.pb" in files)
-  assert exports == [str(out / "model")]  # only the chief's export exists
+  assert test_multiworker.saved_models(tmp_path) == [str(out / "model")]  # only the chief's export exists
   serving_checks.assert_loaders_agree(out / "model", f"{churn_data}/eval/*.tfrecord")  # a tf_keras export
 
 

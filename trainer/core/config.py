@@ -158,15 +158,17 @@ class TrainConfig:
                      "shuffles with its own seed).")
   steps_per_loop: int = option(50, "Steps run inside one tf.function call (custom loop), at most per closure "
                                "scheduled on a worker (parameter servers), or per Keras execution (fit; lowered so "
-                               "executions end on every checkpoint, log line, evaluation and the final step, and 1 "
+                               "executions end on every checkpoint, log line, evaluation, --profile_steps edge and the "
+                               "final step, and 1 "
                                "under Keras 3 with several replicas, where Keras cannot run more per call).",
                                accepts=POSITIVE)
   log_every_steps: int = option(50, "Steps between progress lines and TensorBoard scalars.", accepts=POSITIVE)
   profile_steps: tuple[int, ...] | None = option(
       None, "START,END: capture a TensorFlow profiler trace of these training steps on the chief into the "
       "TensorBoard dir (plugins/profile/: TensorBoard's Profile tab, Vertex AI TensorBoard, xprof): steps "
-      "START+1..END under both loops (fit sizes its executions to end there).", accepts=Accepts(lambda steps: len(steps) == 2 and 0 <= steps[0] < steps[1],
-                                     "START,END: two steps with 0 <= START < END (e.g. 10,20)"))
+      "START+1..END under both loops (fit sizes its executions to end there).",
+      accepts=Accepts(lambda steps: len(steps) == 2 and 0 <= steps[0] < steps[1],
+                      "START,END: two steps with 0 <= START < END (e.g. 10,20)"))
   checkpoint_every_steps: int = option(200, "Steps between checkpoints.", accepts=POSITIVE)
   checkpoint_every_secs: float | None = option(
       None, "Also checkpoint when this many seconds passed since the last one, at the end of the chunk that passes "

@@ -9,8 +9,8 @@ but there is a `--label`, logs the result, and writes it beside the checkpoints 
 It reads a bounded, deterministic sample (`--infer_sample_rows`, default 100,000 records: an even share from each of
 16 files spread evenly over the sorted list, more of up to 64 spread files only when those run short), so every
 worker of a job infers the same schema, 1M rows cost what 100k do, and data written in order (one class after
-another, day by day) is sampled across its whole length, not from its first files only. Pure Python: no TensorFlow op runs before the strategy
-is built. Per column:
+another, day by day) is sampled across its whole length, not from its first files only. Pure Python: no
+TensorFlow op runs before the strategy is built. Per column:
 - numbers (an Example's float/int64 list, CSV fields that all parse as numbers, JSON numbers or arrays of them):
   numeric with mean/std for the model's standardization and the mean as the default for a missing value;
   a fixed-length list of N is one feature of shape [N]; a constant column is left out.

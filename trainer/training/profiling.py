@@ -5,9 +5,10 @@ or `xprof --logdir`) and Vertex AI TensorBoard's profiler read it: `<dir>/plugin
 One periodic action in every loop's list (`actions.standard_actions`), so it fires where the others do: the custom
 loop ends a chunk at START and at END, and `fit` sizes its executions to end there too (`fit_loop`), so the trace
 holds exactly steps START+1..END. A run that starts (or resumes) inside the window traces from its first step; one
-that resumes past it, or ends before START, traces nothing and says so. Under parameter servers the chief is the coordinator: its trace shows the
-dispatch of closures, not the workers' kernels. Every process holds the action, so that the workers' agreement
-on which actions are due sees the same list everywhere; only the chief traces. No TensorFlow at import time.
+that resumes past it, or ends before START, traces nothing and says so. Under parameter servers the chief is the
+coordinator: its trace shows the dispatch of closures, not the workers' kernels. Every process holds the action,
+so that the workers' agreement on which actions are due sees the same list everywhere; only the chief traces. No
+TensorFlow at import time.
 """
 
 from __future__ import annotations
