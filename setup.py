@@ -22,7 +22,9 @@ setuptools.setup(
     python_requires=">=3.10",
     # absl-py ships with TensorFlow; listed with a floor only, so pip never replaces the image's copy.
     install_requires=["absl-py>=1.0"],
-    # tfx: read a TFX / TFDV schema.pbtxt (--schema=...pbtxt); parquet: read Parquet files. Nothing else needs them.
-    extras_require={"tf": ["tensorflow>=2.16"], "tfx": ["tensorflow-metadata>=1.16"], "parquet": ["pyarrow>=14"]},
+    # tfx: read a TFX / TFDV schema.pbtxt (--schema=...pbtxt); parquet: read Parquet files; bigquery: read bq://
+    # tables (the Storage Read API, as Arrow). Nothing else needs them.
+    extras_require={"tf": ["tensorflow>=2.16"], "tfx": ["tensorflow-metadata>=1.16"], "parquet": ["pyarrow>=14"],
+                    "bigquery": ["google-cloud-bigquery-storage>=2.24", "pyarrow>=14"]},
     entry_points={"console_scripts": ["vertex-tf-trainer=trainer.task:entry"]},
 )

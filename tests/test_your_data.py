@@ -148,11 +148,14 @@ def _bad_inputs(tmp_path):
        r"^error: --train_data: the pattern mixes compressions: uncompressed \(.*a.csv\) and gzip \(.*b.csv\)"),
       ("corrupt_gzip", [f"--train_data={tmp_path}/corrupt/*", "--label=species"], {},
        r"^error: --train_data: .*corrupt/train.csv.gz is not valid gzip data"),
-      ("bigquery", ["--label=species"], {"AIP_DATA_FORMAT": "bigquery",
-                                          "AIP_TRAINING_DATA_URI": "bq://proj.dataset.table"},
-       r"^error: AIP_DATA_FORMAT=bigquery with data bq://proj.dataset.table: BigQuery tables are not read"),
+      # A BigQuery dataset with neither credentials nor an emulator (tests/test_bigquery.py reads tables).
+      ("bigquery_without_credentials", ["--label=species"], {"AIP_DATA_FORMAT": "bigquery",
+                                                             "AIP_TRAINING_DATA_URI": "bq://proj.dataset.table",
+                                                             "BIGQUERY_STORAGE_EMULATOR_HOST": ""},
+       r"^error: --train_data: no Google credentials to read BigQuery with \(.*\); on Vertex the job's service "
+       r"account is used"),
       ("unknown_vertex_format", [f"--train_data={good}/*.csv.gz", "--label=species"], {"AIP_DATA_FORMAT": "parquet"},
-       r"^error: AIP_DATA_FORMAT='parquet'; expected one of csv, jsonl, tf-record"),
+       r"^error: AIP_DATA_FORMAT='parquet'; expected one of bigquery, csv, jsonl, tf-record"),
       ("label_mismatch", [f"--train_data={good}/*.csv.gz", "--label=species",
                           f"--schema={tmp_path}/schema.json"], {},
        r"^error: --label='species' but the schema .*schema.json names the label 'y'"),

@@ -17,6 +17,7 @@ from trainer.core import config as config_lib
 from trainer.core import hparams as hparams_lib
 from trainer.core import options as options_lib
 from trainer.core import paths
+from trainer.core import storage
 from trainer.core.errors import UserError
 from trainer.core.options import option
 from trainer.data import formats
@@ -126,7 +127,7 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment, *,
   if not train_pattern:
     raise UserError("--train_data is required (or set AIP_TRAINING_DATA_URI)")
   eval_pattern = values.eval_data or env.aip_validation_data_uri
-  vertex_format = _vertex_data_format(env, values.data_format, train_pattern)
+  vertex_format = _vertex_data_format(env, values.data_format)
   train_pattern = paths.normalize_path(train_pattern)
   eval_pattern = paths.normalize_path(eval_pattern) if eval_pattern else None
   test_pattern = values.test_data or env.aip_test_data_uri
@@ -174,23 +175,21 @@ def config_from_flags(values: flags.FlagValues, env: config_lib.Environment, *,
   return config
 
 
-def _vertex_data_format(env: config_lib.Environment, requested: str, train_pattern: str) -> str | None:
+def _vertex_data_format(env: config_lib.Environment, requested: str) -> str | None:
   """AIP_DATA_FORMAT of a Vertex managed-dataset job, checked; None where it is unset or a flag overrides it."""
   value = env.aip_data_format
-  if train_pattern.startswith("bq://") or (value or "").lower() == "bigquery":
-    raise UserError(f"AIP_DATA_FORMAT={value or '(unset)'} with data {train_pattern}: BigQuery tables are not "
-                    "read by this trainer (no BigQuery Storage Read API emulator runs where it is tested, so the "
-                    "reader would be untested); create the job with the dataset exported as CSV or JSONL "
-                    "(export format csv/jsonl), or export the table to gs:// and pass --train_data")
   if not value or requested != "auto":
     return None
   if value.lower() not in formats.VERTEX_FORMATS:
-    raise UserError(f"AIP_DATA_FORMAT={value!r}; expected one of csv, jsonl, tf-record (or bigquery, not "
-                    "supported), or pass --data_format")
+    raise UserError(f"AIP_DATA_FORMAT={value!r}; expected one of {', '.join(sorted(formats.VERTEX_FORMATS))}, "
+                    "or pass --data_format")
   return value.lower()
 
 
 def _default_schema_path(train_pattern: str) -> str:
+  """schema.json beside the data; a table (bq://) has no folder, so none ("": --label infers one)."""
+  if train_pattern.startswith(storage.TABLE_SCHEMES):
+    return ""
   directory = train_pattern.rsplit("/", 1)[0] if "/" in train_pattern else "."
   return paths.join_path(directory, schema_lib.SCHEMA_FILE)
 

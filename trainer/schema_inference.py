@@ -23,12 +23,12 @@ def main(argv: list[str] | None = None) -> int:
   """`python -m trainer.schema_inference`: infer and write schema.json for review."""
   parser = argparse.ArgumentParser(prog="python -m trainer.schema_inference",
                                    description=inference.__doc__.split("\n\n")[0])
-  parser.add_argument("--data", required=True, help="file pattern (local, gs://, /gcs/)")
+  parser.add_argument("--data", required=True, help="file pattern (local, gs://, /gcs/) or a BigQuery table (bq://PROJECT.DATASET.TABLE)")
   parser.add_argument("--label", required=True, help="the label column")
   parser.add_argument("--task", choices=config_lib.TASKS, default="auto")
   parser.add_argument("--data_format", choices=("auto", *formats.FLAG_VALUES), default="auto")
   parser.add_argument("--csv_columns", default=None, help="comma-separated CSV column names (files without header)")
-  parser.add_argument("--output", default=None, help="where to write schema.json (default: beside the data)")
+  parser.add_argument("--output", default=None, help="where to write schema.json (default: beside the data; for a table, ./schema.json)")
   parser.add_argument("--infer_sample_rows", type=int, default=inference.InferenceConfig.sample_rows)
   parser.add_argument("--vocab_min_count", type=int, default=inference.InferenceConfig.vocab_min_count)
   parser.add_argument("--max_vocab_size", type=int, default=inference.InferenceConfig.max_vocab_size)
@@ -44,8 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     inference.check_inference_config(config)
     schema = inference.infer_schema(files, source, config, flag="--data",
                                     log=lambda line: print(line, file=sys.stderr))
-    output = args.output or paths.join_path(pattern.rsplit("/", 1)[0] if "/" in pattern else ".",
-                                            schema_lib.SCHEMA_FILE)
+    beside = (pattern.rsplit("/", 1)[0] if "/" in pattern and not pattern.startswith(storage.TABLE_SCHEMES)
+              else ".")  # a table (bq://) has no folder: the current one
+    output = args.output or paths.join_path(beside, schema_lib.SCHEMA_FILE)
     storage.write_json(paths.normalize_path(output), schema.to_dict())
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)

@@ -145,9 +145,10 @@ def timed_rounds(builder: str, kinds: dict[str, tuple[str, dict]], schema_path: 
   return results
 
 
-def report(rounds: list[dict[str, float]], ratios, memory: tuple[float, float], *, unit: str = "ex/s") -> None:
+def report(rounds: list[dict[str, float]], ratios, memory: tuple[float, float] | None, *,
+           unit: str = "ex/s") -> None:
   """Prints the median rate of each kind, each (name, top, bottom, goal) ratio's median over rounds with its
-  range, and the memory check (peak RSS at 1x and at 10x the data)."""
+  range, and the memory check (peak RSS at 1x and at 10x the data) unless `memory` is None."""
   for kind in rounds[0]:
     print(f"  {kind:<16} {statistics.median(r[kind] for r in rounds):>12,.0f} {unit}")
   for name, top, bottom, goal in ratios:
@@ -155,6 +156,8 @@ def report(rounds: list[dict[str, float]], ratios, memory: tuple[float, float], 
     value = statistics.median(per_round)
     print(f"  {name:<26} = {value:5.2f}  (rounds {per_round[0]:.2f} to {per_round[-1]:.2f})   goal >= {goal}   "
           f"{'met' if value >= goal else 'NOT met'}")
+  if memory is None:
+    return
   one, ten = memory
   print(f"  peak RSS, one fresh pass: {one:.0f} MiB at 1x, {ten:.0f} MiB at 10x -> {ten / one:.2f}x   goal <= 1.2   "
         f"{'met' if ten / one <= 1.2 else 'NOT met'}")

@@ -198,15 +198,19 @@ def _hidden(path: str) -> bool:
 
 # Files beside the data that are not data: a schema written by hand or by TFX/TFDV.
 NOT_DATA = (paths.SCHEMA_FILE, "schema.pbtxt")
+# URIs that name a table, not files: listed as they are (the data format that claims them reads them).
+TABLE_SCHEMES = ("bq://",)
 
 
 def list_files(pattern: str, *, flag: str) -> list[str]:
   """Expands a file pattern, or lists a folder (`gs://b/export/`, or a path that is a directory) and the folders
   under it. Files whose names start with "_" or "." are not data (Spark's `_SUCCESS`, Hadoop's `.crc`, Beam's
   temporaries), as Hadoop and Spark readers skip them. A pattern that matches nothing is a UserError naming the
-  flag and pattern."""
+  flag and pattern. A table's URI (bq://...) is its own listing."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+  if pattern.startswith(TABLE_SCHEMES):
+    return [pattern]
   try:
     if pattern.endswith("/") or (not any(c in pattern for c in "*?[") and tf.io.gfile.isdir(pattern)):
       files = sorted(_walk_files(pattern.rstrip("/")))

@@ -168,7 +168,7 @@ def infer_schema(files: list[str], source: formats.Source, config: InferenceConf
     for name, column in columns.items():
       _observe(column, data_format.sampled(record.get(name)), where, flag=flag)
   log(f"schema inference: {len(records)} records sampled from {min(len(files), _MAX_FILES_READ)} of {len(files)} "
-      f"file(s) ({source.describe()})")
+      f"{data_format.unit}(s) ({source.describe()})")
   features = []
   for name in names:
     if name == config.label:

@@ -104,7 +104,8 @@ def check_inputs(config: config_lib.Config) -> Inputs:
     raise UserError(f"--model={config.model.name} needs an image feature in the schema (type 'image'); use "
                     "--model=tabular")
   for split, (flag, _) in splits.items():
-    logging.info("%s: %d file(s) of %s", flag, len(files[split]), sources[split].describe())
+    logging.info("%s: %d %s(s) of %s", flag, len(files[split]), formats.FORMATS[sources[split].format].unit,
+                 sources[split].describe())
   recipe.check_for_schema(config.train, schema)
   class_weights = None
   if config.train.class_weights is not None:
@@ -165,8 +166,10 @@ def _read_schema(config: config_lib.Config) -> schema_lib.Schema | None:
   data_cfg = config.data
   if not data_cfg.schema_given and not tf.io.gfile.exists(data_cfg.schema_path):
     if data_cfg.label is None:
-      raise UserError(f"no schema: {data_cfg.schema_path} does not exist; pass --label=COLUMN to infer one from "
-                      "the data, or --schema=FILE (python -m trainer.schema_inference writes one to review)")
+      missing = (f"{data_cfg.schema_path} does not exist" if data_cfg.schema_path
+                 else f"a table ({data_cfg.train_pattern}) has no schema.json beside it")
+      raise UserError(f"no schema: {missing}; pass --label=COLUMN to infer one from the data, or --schema=FILE "
+                      "(python -m trainer.schema_inference writes one to review)")
     return None
   schema = schema_lib.load_schema(data_cfg.schema_path, label=data_cfg.label)
   if data_cfg.label is not None and data_cfg.label != schema.label.name:

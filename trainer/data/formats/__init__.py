@@ -1,8 +1,8 @@
 """Which format and compression the data files are in, and reading, counting and checking them.
 
 Each format is one module of this package with one `base.DataFormat` subclass registered by `@base.register`:
-tfrecord, csv, jsonl, parquet, image_folder. The package imports every module in it, so a new format (Avro,
-BigQuery) is one new file for everything here: detection, description, settling a split's source from its first
+tfrecord, csv, jsonl, parquet, image_folder, bigquery. The package imports every module in it, so a new format
+(Avro) is one new file for everything here: detection, description, settling a split's source from its first
 file, records in plain Python, counting, the schema check, and the TF input pipeline's raw batches and their
 parse (`input_pipeline` asks the class), a record's values in the trainer's value model (`present_value`,
 `typed_value`: what pre-flight checks and the Example writer writes), what schema inference observes
@@ -56,8 +56,7 @@ from trainer.data.formats.tfrecord import TFRECORD  # pylint: disable=unused-imp
 for _module in pkgutil.iter_modules(__path__):  # every format registers itself on import
   importlib.import_module(f"{__name__}.{_module.name}")
 
-# --data_format's values besides "auto"; AIP_DATA_FORMAT values (Vertex managed datasets) -> ours (bigquery is
-# refused with its own message, in flags).
+# --data_format's values besides "auto"; AIP_DATA_FORMAT values (Vertex managed datasets) -> ours.
 FLAG_VALUES = tuple(name for name, data_format in FORMATS.items() if data_format.flag_value)
 VERTEX_FORMATS = {vertex_name: name for name, data_format in FORMATS.items()
                   for vertex_name in data_format.vertex_names}
@@ -76,6 +75,12 @@ def _extension_format(path: str) -> str | None:
 
 def resolve(files: list[str], *, requested: str, vertex_format: str | None, flag: str) -> Source:
   """The format and compression of one split's files (CSV columns are settled later, by `settle`)."""
+  for data_format in FORMATS.values():
+    if not data_format.reads_files and data_format.claims_listing(files):  # tables by URI: no bytes to read
+      if requested not in ("auto", data_format.name):
+        raise UserError(f"--data_format={requested} but {flag} names {data_format.display_name}s ({files[0]}); "
+                        f"drop --data_format or pass --data_format={data_format.name}")
+      return Source(data_format.name)
   if requested == "auto" and not vertex_format:
     for data_format in FORMATS.values():
       if data_format.claims_listing(files):

@@ -139,6 +139,9 @@ class DataFormat:
   splits_by_ml_use: bool = False  # a Vertex export of every split in one file: its lines' ml_use labels split it
   converts_to_examples: bool = False  # `examples.from_file` writes its records as tf.train.Examples (stage_data)
   holds_examples: bool = False  # its records are serialized tf.train.Examples already (staged as they are)
+  # Its "files" are files (not tables named by URI, such as bq://): their bytes tell compression and format.
+  reads_files: bool = True
+  unit: str = "file"  # what one of a split's listed items is, in messages ("table" for bq://)
 
   def claims_listing(self, files: list[str]) -> bool:
     """Whether the listed files as a whole are this format (image folders: every file an image)."""

@@ -29,7 +29,7 @@ _OPEN_AHEAD = 4
 _READ_ROWS = 8192  # rows per pyarrow record batch when reading a few records in plain Python
 _WHOLE_READ_BYTES = 64 << 20  # remote files up to this size are read in one request; larger ones are streamed
 # Rows per call into Python in the input pipeline: the fixed cost per call is most of the time at 1,024.
-_CHUNK_ROWS = 65_536
+CHUNK_ROWS = 65_536
 # Files opened (remote ones: downloaded) ahead of the one being read, in threads: a small file's request latency
 # otherwise stalls the pipeline (measured: gs:// at 0.35 of local with one file ahead, 8 files of 90 KiB).
 
@@ -87,7 +87,7 @@ class ParquetFormat(base.DataFormat):
 
     mine = files[plan.pipeline_id::plan.num_pipelines] if plan.shard_files else files
     keep_every, keep_offset = (plan.num_pipelines, plan.pipeline_id) if plan.shard_records else (1, 0)
-    chunk = plan.batch_size * max(1, _CHUNK_ROWS // plan.batch_size)
+    chunk = plan.batch_size * max(1, CHUNK_ROWS // plan.batch_size)
 
     def generate():
       yield from batches(mine, schema, batch_size=chunk, repeat=plan.repeat,
@@ -245,10 +245,21 @@ def check_files_agree(files: list[str], *, flag: str) -> None:
 
 def check_types(path: str, schema: schema_lib.Schema, *, flag: str) -> None:
   """Every schema column is in the file, with an Arrow type that holds its kind; else one line naming it."""
-  found = column_types(path, flag=flag)
+  problem = type_mismatch(column_types(path, flag=flag), schema, where=f"{flag}: {path}")
+  if problem:
+    name, found, kind, wanted = problem
+    raise UserError(f"{flag}: {path}: column {name!r} is Parquet type {found}, which cannot hold the schema's "
+                    f"{kind.type}; expected {wanted}: cast it (pandas: df[{name!r}].astype(...)) before writing, "
+                    "or leave it out of the schema")
+
+
+def type_mismatch(found: dict[str, Any], schema: schema_lib.Schema, *,
+                  where: str) -> tuple[str, Any, Kind, str] | None:
+  """The first schema column `found` ({column: Arrow type}) cannot hold, as (column, its type, the schema's kind,
+  what would hold it); a column `found` lacks is a UserError ("`where` has no column ...")."""
   for name in schema.columns:
     if name not in found:
-      raise UserError(f"{flag}: {path} has no column {name!r} (its columns: {', '.join(found)})")
+      raise UserError(f"{where} has no column {name!r} (its columns: {', '.join(found)})")
     if name == schema.label.name:
       kind, count = schema.label.kind, 1
     else:
@@ -256,18 +267,21 @@ def check_types(path: str, schema: schema_lib.Schema, *, flag: str) -> None:
       kind, count = feature.kind, feature.values_per_example
     wanted = type_problem(found[name], kind, values_per_example=count)
     if wanted:
-      raise UserError(f"{flag}: {path}: column {name!r} is Parquet type {found[name]}, which cannot hold the "
-                      f"schema's {kind.type}; expected {wanted}: cast it (pandas: df[{name!r}].astype(...)) before "
-                      "writing, or leave it out of the schema")
+      return name, found[name], kind, wanted
+  return None
 
 
 def unreadable_columns(path: str, *, flag: str) -> dict[str, str]:
   """{column: Arrow type} of the columns no schema kind holds (timestamps, structs, maps, ...): schema inference
   names them instead of guessing."""
-  pa = _pyarrow(flag)
-  types = pa.types
+  return unreadable_types(column_types(path, flag=flag))
+
+
+def unreadable_types(found: dict[str, Any]) -> dict[str, str]:
+  """{column: Arrow type} of the columns of `found` ({column: Arrow type}) no schema kind holds."""
+  types = _pyarrow("--train_data").types
   problems = {}
-  for name, arrow_type in column_types(path, flag=flag).items():
+  for name, arrow_type in found.items():
     value_type = arrow_type.value_type if types.is_dictionary(arrow_type) else arrow_type
     if not (types.is_integer(value_type) or types.is_floating(value_type) or types.is_boolean(value_type)
             or types.is_string(value_type) or types.is_large_string(value_type) or types.is_binary(value_type)
@@ -286,18 +300,20 @@ def batches(files: list[str], schema: schema_lib.Schema, *, batch_size: int, rep
   `drop_remainder`. The file order is reshuffled every pass when `shuffle`; the next files are opened (on gs://:
   downloaded) in threads while this one is read. `keep_every`/`keep_offset` keep every n-th row (record
   sharding)."""
+  return rebatched(_file_batches(files, list(schema.columns), batch_size=batch_size, repeat=repeat, shuffle=shuffle,
+                                 seed=seed, flag=flag),
+                   schema, batch_size=batch_size, keep_every=keep_every, keep_offset=keep_offset,
+                   drop_remainder=drop_remainder, flag=flag)
+
+
+def _file_batches(files: list[str], columns: list[str], *, batch_size: int, repeat: bool, shuffle: bool,
+                  seed: int | None, flag: str) -> Iterator[tuple[str, Any]]:
+  """(path, pyarrow RecordBatch of `columns`) of every file in turn, the next files opened in threads."""
   import collections  # pylint: disable=g-import-not-at-top
   import concurrent.futures  # pylint: disable=g-import-not-at-top
   import itertools  # pylint: disable=g-import-not-at-top
 
-  import numpy as np  # pylint: disable=g-import-not-at-top
-
-  pa = _pyarrow(flag)
   rng = random.Random(seed)
-  columns = list(schema.columns)
-  pending: list = []
-  pending_rows = 0
-  row_index = 0
 
   def paths():
     while True:
@@ -319,19 +335,35 @@ def batches(files: list[str], schema: schema_lib.Schema, *, batch_size: int, rep
       if path is not None:
         opening.append((path, opener.submit(_open, path, flag=flag)))
       for batch in current.iter_batches(batch_size=max(batch_size, 1024), columns=columns):
-        if keep_every > 1:
-          first = (keep_offset - row_index) % keep_every
-          row_index += batch.num_rows
-          batch = batch.take(pa.array(np.arange(first, batch.num_rows, keep_every)))
-        pending.append(batch)
-        pending_rows += batch.num_rows
-        while pending_rows >= batch_size:
-          table = pa.Table.from_batches(pending)
-          yield _columns(table.slice(0, batch_size), schema, path=current_path, flag=flag)
-          rest = table.slice(batch_size)
-          pending, pending_rows = rest.to_batches(), rest.num_rows
+        yield current_path, batch
+
+
+def rebatched(record_batches: Iterator[tuple[str, Any]], schema: schema_lib.Schema, *, batch_size: int,
+              keep_every: int = 1, keep_offset: int = 0, drop_remainder: bool = True, flag: str) -> Iterator[dict]:
+  """(where, pyarrow RecordBatch) pairs as `batches` yields them: cut into batches of `batch_size` rows, every
+  n-th row kept (`keep_every`/`keep_offset`), nulls checked against the schema's defaults (`where` names the
+  file or table in messages). Shared by every Arrow source (Parquet files, BigQuery's read streams)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  pa = _pyarrow(flag)
+  pending: list = []
+  pending_rows = 0
+  row_index = 0
+  where = ""
+  for where, batch in record_batches:
+    if keep_every > 1:
+      first = (keep_offset - row_index) % keep_every
+      row_index += batch.num_rows
+      batch = batch.take(pa.array(np.arange(first, batch.num_rows, keep_every)))
+    pending.append(batch)
+    pending_rows += batch.num_rows
+    while pending_rows >= batch_size:
+      table = pa.Table.from_batches(pending)
+      yield _columns(table.slice(0, batch_size), schema, path=where, flag=flag)
+      rest = table.slice(batch_size)
+      pending, pending_rows = rest.to_batches(), rest.num_rows
   if pending_rows and not drop_remainder:
-    yield _columns(pa.Table.from_batches(pending), schema, path=files[-1], flag=flag)
+    yield _columns(pa.Table.from_batches(pending), schema, path=where, flag=flag)
 
 
 def _columns(table, schema: schema_lib.Schema, *, path: str, flag: str) -> dict:
@@ -352,7 +384,7 @@ def _columns(table, schema: schema_lib.Schema, *, path: str, flag: str) -> dict:
       default = feature.default if feature is not None else None
       if default is None:
         # The prefix makes data_errors treat it as bad data, then find and name the row in plain Python.
-        raise ValueError(f"{features_lib.CHECK_PREFIX} Parquet column {name!r} holds a null in {path} and the "
+        raise ValueError(f"{features_lib.CHECK_PREFIX} column {name!r} holds a null in {path} and the "
                          "schema gives it no default")
       column = pa.compute.fill_null(column, default)
     if holds in (STRING, BYTES):
@@ -361,7 +393,7 @@ def _columns(table, schema: schema_lib.Schema, *, path: str, flag: str) -> dict:
       size = feature.values_per_example
       lengths = pa.compute.list_value_length(column).to_numpy(zero_copy_only=False)
       if (lengths != size).any():
-        raise ValueError(f"{features_lib.CHECK_PREFIX} Parquet column {name!r} must hold {size} numbers per row "
+        raise ValueError(f"{features_lib.CHECK_PREFIX} column {name!r} must hold {size} numbers per row "
                          f"({path})")
       out[name] = np.asarray(pa.compute.list_flatten(column).to_numpy(zero_copy_only=False),
                              np.float32).reshape(-1, size)

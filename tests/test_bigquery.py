@@ -1,0 +1,216 @@
+"""BigQuery tables (`bq://`) through the real Storage Read client, against `scripts.bigquery_emulator` (a gRPC
+`BigQueryRead` built from the client library's own protos), serving scikit-learn's breast cancer data: as a Vertex
+managed dataset (`AIP_DATA_FORMAT=bigquery`, one table per split) under two replicas, and as one table a pandas
+Parquet file filled, split by row filters under `fit` with --epochs; trained to a logistic regression baseline,
+served through TF Serving's loader. What the trainer asked of BigQuery is read back from the requests the emulator
+received (column selection, the filter, streams). Bad tables are one error line each, nothing written."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import procs
+import serving_checks
+import test_data
+from scripts import bigquery_emulator
+from trainer.core.errors import UserError
+from trainer.data import formats
+from trainer.data import input_pipeline
+from trainer.data import schema as schema_lib
+
+MARGIN = 0.04  # under the baseline's accuracy, as test_parquet's
+NULL_ROW = 420  # a null label past --preflight_records=300
+
+
+@pytest.fixture(scope="module")
+def bigquery(tmp_path_factory):
+  """The emulator serving the cancer tables from Parquet files, in its own process (in this one, a garbage collection
+  on its server thread can run a finished pipeline's TensorFlow iterator destructor, which waits on a read that
+  needs that thread), its environment set here (in-process trainer runs read it); and the baseline's accuracy on
+  the same split."""
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  from sklearn import datasets  # pylint: disable=g-import-not-at-top
+  from sklearn.linear_model import LogisticRegression  # pylint: disable=g-import-not-at-top
+  from sklearn.pipeline import make_pipeline  # pylint: disable=g-import-not-at-top
+  from sklearn.preprocessing import StandardScaler  # pylint: disable=g-import-not-at-top
+
+  data = datasets.load_breast_cancer(as_frame=True)
+  frame = data.frame.copy()
+  frame["diagnosis"] = np.asarray(data.target_names)[frame.pop("target")]
+  frame = frame.sample(frac=1, random_state=0).reset_index(drop=True)
+  train, evaluation = frame.iloc[:450], frame.iloc[450:]
+  features = [c for c in frame.columns if c != "diagnosis"]
+  baseline = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000)).fit(train[features],
+                                                                                     train["diagnosis"])
+  accuracy = float(np.mean(baseline.predict(evaluation[features]) == evaluation["diagnosis"]))
+  root = tmp_path_factory.mktemp("bq")
+  # One table holding every split, as a pandas Parquet file loaded into BigQuery would: a split column and a
+  # free-text note, which only the filter and the column selection keep out of training.
+  frame.assign(split=np.where(np.arange(len(frame)) < 450, "TRAIN", "EVAL"),
+               note=[f"patient {i}" for i in range(len(frame))]).to_parquet(root / "all.parquet", index=False)
+  nulls = frame.copy()
+  nulls.loc[NULL_ROW - 1, "diagnosis"] = None
+  for name, table in (("train", train), ("eval", evaluation), ("nulls", nulls)):
+    pq.write_table(pa.Table.from_pandas(table, preserve_index=False), root / f"{name}.parquet")
+  log = root / "requests.jsonl"
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "scripts.bigquery_emulator", f"--request_log={log}",
+       *(f"--table=proj.cancer.{name}={root / name}.parquet" for name in ("train", "eval", "all", "nulls"))],
+      stdout=subprocess.PIPE, text=True, cwd=procs.REPO)
+  saved = os.environ.get(bigquery_emulator.EMULATOR_HOST)
+  try:
+    line = proc.stdout.readline().strip()
+    assert line.startswith(f"export {bigquery_emulator.EMULATOR_HOST}="), line
+    os.environ[bigquery_emulator.EMULATOR_HOST] = line.split("=", 1)[1]
+    yield {"requests": log, "eval": evaluation, "baseline": accuracy, "features": features}
+  finally:
+    # Input pipelines the runs left behind are collected while the tables are still served: a repeating one's
+    # next read session, begun ahead, would otherwise retry against a stopped server for the client's deadline
+    # (600 s) when a later collection destroys it.
+    gc.collect()
+    proc.terminate()
+    proc.wait(timeout=30)
+    if saved is None:
+      os.environ.pop(bigquery_emulator.EMULATOR_HOST, None)
+    else:
+      os.environ[bigquery_emulator.EMULATOR_HOST] = saved
+
+
+def _requests(bigquery) -> list[dict]:
+  if not os.path.exists(bigquery["requests"]):
+    return []
+  with open(bigquery["requests"], encoding="utf-8") as f:
+    return [json.loads(line) for line in f]
+
+
+def _sessions(requests: list[dict]) -> list[dict]:
+  return [r["request"] for r in requests if r["method"] == "CreateReadSession"]
+
+
+def _assert_trained_and_serves(model_dir, bigquery) -> dict:
+  with open(os.path.join(model_dir, "eval_metrics.json")) as f:
+    metrics = json.load(f)
+  assert metrics["eval_examples"] == len(bigquery["eval"])
+  assert metrics["eval_accuracy"] >= bigquery["baseline"] - MARGIN, (metrics, bigquery["baseline"])
+  rows = bigquery["eval"].iloc[:50]
+  instances = [{schema_lib.safe_name(k): float(row[k]) for k in bigquery["features"]} for _, row in rows.iterrows()]
+  predictions = serving_checks.serve_instances(str(model_dir), instances)
+  assert np.mean([p["class_name"] == y for p, y in zip(predictions, rows["diagnosis"])]) >= bigquery["baseline"] - 0.1
+  return metrics
+
+
+def test_a_vertex_managed_dataset_in_bigquery_on_two_replicas(bigquery, tmp_path):
+  since = len(_requests(bigquery))
+  out = tmp_path / "out"
+  result = procs.run_trainer_here(
+      ["--label=diagnosis", f"--output_dir={out}", "--train_steps=300", "--global_batch_size=32",
+       "--num_cpu_devices=2"],
+      env={"AIP_DATA_FORMAT": "bigquery", "AIP_TRAINING_DATA_URI": "bq://proj.cancer.train",
+           "AIP_VALIDATION_DATA_URI": "bq://proj.cancer.eval"})
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "--train_data: 1 table(s) of BigQuery table" in result.stderr
+  metrics = _assert_trained_and_serves(out / "model", bigquery)
+  assert metrics["num_replicas"] == 2
+  requests = _requests(bigquery)[since:]
+  sessions = _sessions(requests)
+  assert {s["read_session"]["table"] for s in sessions} == {"projects/proj/datasets/cancer/tables/train",
+                                                            "projects/proj/datasets/cancer/tables/eval"}
+  assert all(s["parent"] == "projects/proj" and s["read_session"]["data_format"] == "ARROW" for s in sessions)
+  # Training asks for several streams and reads them at once; the emulator splits 450 rows into 4.
+  assert any(s["max_stream_count"] > 1 and s["read_session"]["table"].endswith("/train") for s in sessions)
+  reads = {r["request"]["read_stream"] for r in requests if r["method"] == "ReadRows"}
+  assert len({name.rsplit("/", 1)[-1] for name in reads}) > 1
+
+
+def test_one_table_split_by_row_filters_under_fit_with_epochs(bigquery, tmp_path, capsys):
+  """The schema written by `python -m trainer.schema_inference` from the table (which leaves the note out: an id),
+  then edited as a user would: the split column left out. The sessions read only the schema's columns, filtered
+  by BigQuery."""
+  from trainer import schema_inference  # pylint: disable=g-import-not-at-top
+
+  train = "bq://proj.cancer.all?where=split = 'TRAIN'"
+  schema_path = tmp_path / "schema.json"
+  assert schema_inference.main([f"--data={train}", "--label=diagnosis", f"--output={schema_path}"]) == 0
+  schema = json.loads(schema_path.read_text())
+  assert "split" in {f["name"] for f in schema["features"]} and "note" not in {f["name"] for f in schema["features"]}
+  schema["features"] = [f for f in schema["features"] if f["name"] != "split"]
+  schema_path.write_text(json.dumps(schema))
+  capsys.readouterr()
+  since = len(_requests(bigquery))
+  out = tmp_path / "out"
+  result = procs.run_trainer_here([f"--train_data={train}", "--eval_data=bq://proj.cancer.all?where=split='EVAL'",
+                                   f"--schema={schema_path}", f"--output_dir={out}", "--loop=fit", "--epochs=20",
+                                   "--global_batch_size=32"])
+  assert result.returncode == 0, result.stderr[-3000:]
+  metrics = _assert_trained_and_serves(out / "model", bigquery)
+  assert metrics["final_step"] == 450 * 20 // 32  # the filter's 450 rows counted for --epochs (whole batches)
+  sessions = _sessions(_requests(bigquery)[since:])
+  filters = [s["read_session"]["read_options"]["row_restriction"] for s in sessions]
+  assert "split = 'TRAIN'" in filters and "split='EVAL'" in filters and len(set(filters)) == 2
+  wanted = {f["name"] for f in schema["features"]} | {"diagnosis"}
+  selected = [set(s["read_session"]["read_options"]["selected_fields"]) for s in sessions]
+  assert wanted in selected  # the input pipeline's sessions: the schema's columns only
+  assert all(not fields or fields <= wanted for fields in selected)  # never the split or note column
+
+
+@pytest.mark.quick
+def test_a_table_is_sharded_alike_across_input_pipelines(bigquery):
+  """Two input pipelines of a multi-worker job on one table: disjoint rows that together are the table."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  files = ["bq://proj.cancer.train"]
+  source = formats.source_for(files, flag="--train_data")
+  schema = schema_lib.parse_schema({
+      "features": [{"name": name, "type": "float"} for name in bigquery["features"]],
+      "label": {"name": "diagnosis", "type": "string", "vocabulary": ["benign", "malignant"]}}, source="test")
+  whole = test_data._fingerprints(input_pipeline.make_dataset_fn(  # pylint: disable=protected-access
+      files, schema, source=source, global_batch_size=7, training=False, repeat=False)(None))
+  parts = []
+  for pipeline in range(2):
+    context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pipeline, num_replicas_in_sync=2)
+    parts.append(test_data._fingerprints(input_pipeline.make_dataset_fn(  # pylint: disable=protected-access
+        files, schema, source=source, global_batch_size=14, training=False, repeat=False)(context)))
+  assert parts[0] and parts[1]
+  assert sorted(parts[0] + parts[1]) == sorted(whole) and len(set(whole)) == len(whole) == 450
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("case,args,expected", [
+    ("no such table", ["--train_data=bq://proj.cancer.missing", "--label=diagnosis"],
+     r"^error: --train_data: bq://proj\.cancer\.missing: Not found: Table proj:cancer\.missing was not found"),
+    ("a bad filter", ["--train_data=bq://proj.cancer.all?where=split = ", "--label=diagnosis"],
+     r"^error: --train_data: bq://proj\.cancer\.all\?where=split =: request failed: row restriction"),
+    ("not a table name", ["--train_data=bq://proj.cancer", "--label=diagnosis"],
+     r"^error: --train_data='bq://proj\.cancer': expected a BigQuery table as bq://PROJECT\.DATASET\.TABLE"),
+    ("no label to infer with", ["--train_data=bq://proj.cancer.train"],
+     r"^error: no schema: a table \(bq://proj\.cancer\.train\) has no schema\.json beside it; pass --label"),
+    ("a label the table lacks", ["--train_data=bq://proj.cancer.train", "--label=outcome"],
+     r"^error: --label='outcome' is not a column of bq://proj\.cancer\.train"),
+    ("a null label deep in the table", ["--train_data=bq://proj.cancer.nulls", "--label=diagnosis",
+                                        "--preflight_records=300", "--infer_sample_rows=300"],
+     rf"^error: --train_data: bq://proj\.cancer\.nulls row {NULL_ROW}: .*'diagnosis'"),
+])
+def test_a_bad_table_is_one_line_and_nothing_written(bigquery, tmp_path, case, args, expected):
+  del bigquery, case
+  out = tmp_path / "out"
+  result = procs.run_trainer_here([*args, f"--output_dir={out}", "--train_steps=5"])
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+  assert result.returncode == 2 and len(errors) == 1, result.stderr[-3000:]
+  assert errors[0] == result.stderr.strip().splitlines()[-1]
+  assert re.search(expected, errors[0]), errors[0]
+  assert not (out / "model").exists() and not (out / "checkpoints").exists()
+
+
+@pytest.mark.quick
+def test_parameter_servers_refuse_a_table_in_one_line():
+  with pytest.raises(UserError, match=r"^a BigQuery table cannot be read under ParameterServerStrategy: .*bq extract"):
+    formats.check_strategy({"train": formats.Source("bigquery")}, parameter_server=True)
