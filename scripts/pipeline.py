@@ -718,6 +718,12 @@ def _main(args) -> int:
                              "startTime": args.start_time, "endTime": args.end_time, "maxRunCount": args.max_runs}
     if args.dry_run:
       print(json.dumps(request, indent=2))
+      # Not fields of this request: the compiled template's training step carries them (CustomTrainingJobOp).
+      step = [f"{label} {config.body[key]}" for key, label in (("serviceAccount", "runs as"),
+                                                               ("tensorboard", "logs to TensorBoard"))
+              if config.body.get(key)]
+      if step:
+        print(f"the pipeline's training step {' and '.join(step)}", file=sys.stderr)
       return 0
     if image and image.build:
       context, context_uri, build = submit_lib.trainer_image_build(

@@ -71,7 +71,9 @@ def bigquery(tmp_path_factory):
     line = proc.stdout.readline().strip()
     assert line.startswith(f"export {bigquery_emulator.EMULATOR_HOST}="), line
     os.environ[bigquery_emulator.EMULATOR_HOST] = line.split("=", 1)[1]
-    yield {"requests": log, "eval": evaluation, "baseline": accuracy, "features": features}
+    env = {bigquery_emulator.EMULATOR_HOST: os.environ[bigquery_emulator.EMULATOR_HOST]}
+    formats.configure(env)  # for the input pipelines tests build in this process
+    yield {"requests": log, "eval": evaluation, "baseline": accuracy, "features": features, "env": env}
   finally:
     # Input pipelines the runs left behind are collected while the tables are still served: a repeating one's
     # next read session, begun ahead, would otherwise retry against a stopped server for the client's deadline
@@ -114,7 +116,7 @@ def test_a_vertex_managed_dataset_in_bigquery_on_two_replicas(bigquery, tmp_path
   result = procs.run_trainer_here(
       ["--label=diagnosis", f"--output_dir={out}", "--train_steps=300", "--global_batch_size=32",
        "--num_cpu_devices=2"],
-      env={"AIP_DATA_FORMAT": "bigquery", "AIP_TRAINING_DATA_URI": "bq://proj.cancer.train",
+      env={**bigquery["env"], "AIP_DATA_FORMAT": "bigquery", "AIP_TRAINING_DATA_URI": "bq://proj.cancer.train",
            "AIP_VALIDATION_DATA_URI": "bq://proj.cancer.eval"})
   assert result.returncode == 0, result.stderr[-3000:]
   assert "--train_data: 1 table(s) of BigQuery table" in result.stderr
@@ -149,7 +151,7 @@ def test_one_table_split_by_row_filters_under_fit_with_epochs(bigquery, tmp_path
   out = tmp_path / "out"
   result = procs.run_trainer_here([f"--train_data={train}", "--eval_data=bq://proj.cancer.all?where=split='EVAL'",
                                    f"--schema={schema_path}", f"--output_dir={out}", "--loop=fit", "--epochs=20",
-                                   "--global_batch_size=32"])
+                                   "--global_batch_size=32"], env=bigquery["env"])
   assert result.returncode == 0, result.stderr[-3000:]
   metrics = _assert_trained_and_serves(out / "model", bigquery)
   assert metrics["final_step"] == 450 * 20 // 32  # the filter's 450 rows counted for --epochs (whole batches)
@@ -159,6 +161,8 @@ def test_one_table_split_by_row_filters_under_fit_with_epochs(bigquery, tmp_path
   wanted = {f["name"] for f in schema["features"]} | {"diagnosis"}
   selected = [set(s["read_session"]["read_options"]["selected_fields"]) for s in sessions]
   assert wanted in selected  # the input pipeline's sessions: the schema's columns only
+  # 20 passes over the training rows, one read session: the small table is replayed from memory after the first.
+  assert [f for f, fields in zip(filters, selected) if fields == wanted].count("split = 'TRAIN'") == 1
   assert all(not fields or fields <= wanted for fields in selected)  # never the split or note column
 
 
@@ -200,9 +204,9 @@ def test_a_table_is_sharded_alike_across_input_pipelines(bigquery):
      rf"^error: --train_data: bq://proj\.cancer\.nulls row {NULL_ROW}: .*'diagnosis'"),
 ])
 def test_a_bad_table_is_one_line_and_nothing_written(bigquery, tmp_path, case, args, expected):
-  del bigquery, case
+  del case
   out = tmp_path / "out"
-  result = procs.run_trainer_here([*args, f"--output_dir={out}", "--train_steps=5"])
+  result = procs.run_trainer_here([*args, f"--output_dir={out}", "--train_steps=5"], env=bigquery["env"])
   errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
   assert result.returncode == 2 and len(errors) == 1, result.stderr[-3000:]
   assert errors[0] == result.stderr.strip().splitlines()[-1]
@@ -214,3 +218,24 @@ def test_a_bad_table_is_one_line_and_nothing_written(bigquery, tmp_path, case, a
 def test_parameter_servers_refuse_a_table_in_one_line():
   with pytest.raises(UserError, match=r"^a BigQuery table cannot be read under ParameterServerStrategy: .*bq extract"):
     formats.check_strategy({"train": formats.Source("bigquery")}, parameter_server=True)
+
+
+@pytest.mark.quick
+def test_the_emulator_variable_as_users_write_it(bigquery, tmp_path, monkeypatch):
+  """host:port as the emulator prints it, or a URL as STORAGE_EMULATOR_HOST is written; a port nobody answers on
+  or a value that is no address is one line naming the variable, at once (not after the client's 600 s of retries)."""
+  from trainer import schema_inference  # pylint: disable=g-import-not-at-top
+
+  host = bigquery["env"][bigquery_emulator.EMULATOR_HOST]
+  monkeypatch.setenv(bigquery_emulator.EMULATOR_HOST, f"http://{host}/")
+  assert schema_inference.main(["--data=bq://proj.cancer.eval", "--label=diagnosis",
+                                f"--output={tmp_path / 'schema.json'}"]) == 0
+  for value, expected in ((f"127.0.0.1:{procs.free_ports(1)[0]}", r"no BigQuery Storage Read API answers there"),
+                          ("localhost", r"expected HOST:PORT")):
+    out = tmp_path / "out"
+    result = procs.run_trainer_here(["--train_data=bq://proj.cancer.train", "--label=diagnosis",
+                                     f"--output_dir={out}"], env={bigquery_emulator.EMULATOR_HOST: value})
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(errors) == 1, result.stderr[-3000:]
+    assert errors[0].startswith(f"error: {bigquery_emulator.EMULATOR_HOST}=") and re.search(expected, errors[0])
+    assert not out.exists()

@@ -62,6 +62,14 @@ def test_the_training_step_runs_as_the_service_account_into_vertex_tensorboard(t
   train = yaml.safe_load(output.read_text())["root"]["dag"]["tasks"]["custom-training-job"]["inputs"]["parameters"]
   assert train["service_account"]["runtimeValue"]["constant"] == "trainer@p.iam.gserviceaccount.com"
   assert train["tensorboard"]["runtimeValue"]["constant"] == board
+  # submit --dry_run prints the PipelineJob request, which has no such fields: it names them beside it.
+  capsys.readouterr()
+  assert pipeline.main(["submit", f"--config={CONFIG}", "--bucket=bkt", "--region=europe-west4", "--project=p",
+                        f"--output={output}", "--dry_run", "--service_account=trainer@p.iam.gserviceaccount.com",
+                        f"--tensorboard={board}"]) == 0
+  err = capsys.readouterr().err
+  assert (f"the pipeline's training step runs as trainer@p.iam.gserviceaccount.com and logs to TensorBoard "
+          f"{board}") in err, err
 
 
 def test_compile_params_become_the_run_defaults(tmp_path, capsys):

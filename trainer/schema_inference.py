@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--max_vocab_size", type=int, default=inference.InferenceConfig.max_vocab_size)
   args = parser.parse_args(argv)
   storage.configure_gcs(os.environ)
+  formats.configure(os.environ)
   try:
     pattern = paths.normalize_path(args.data)
     files = storage.list_files(pattern, flag="--data")

@@ -32,6 +32,7 @@ from trainer.core.errors import EXIT_PREEMPTED
 from trainer.core.errors import EXIT_USER_ERROR
 from trainer.core.errors import ExternalFailure
 from trainer.core.errors import UserError
+from trainer.data import formats
 from trainer.distribute import preemption
 
 
@@ -62,6 +63,7 @@ def run_command(argv: list[str], environ: MutableMapping[str, str], *,
     return _fail(f"unexpected positional argument(s): {' '.join(argv[1:])}; every option is a --flag "
                  "(see --help)")
   storage.configure_gcs(environ)  # before anything imports TensorFlow
+  formats.configure(environ)
   from trainer import runner  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
 
   try:

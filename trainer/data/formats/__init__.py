@@ -62,6 +62,12 @@ VERTEX_FORMATS = {vertex_name: name for name, data_format in FORMATS.items()
                   for vertex_name in data_format.vertex_names}
 
 
+def configure(environ) -> None:
+  """Hands each format the run's environment (`DataFormat.configure`), as storage.configure_gcs does for gs://."""
+  for data_format in FORMATS.values():
+    data_format.configure(environ)
+
+
 def _extension_format(path: str) -> str | None:
   """The format the file name claims (after an optional compression extension), None where it says nothing."""
   name = path.rsplit("/", 1)[-1].lower()

@@ -143,6 +143,10 @@ class DataFormat:
   reads_files: bool = True
   unit: str = "file"  # what one of a split's listed items is, in messages ("table" for bq://)
 
+  def configure(self, environ) -> None:
+    """Reads the process environment a run was given (an emulator's address: BigQuery's), once per run."""
+    del environ
+
   def claims_listing(self, files: list[str]) -> bool:
     """Whether the listed files as a whole are this format (image folders: every file an image)."""
     del files

@@ -24,6 +24,7 @@ import atexit
 import dataclasses
 import os
 import queue
+import random
 import threading
 from typing import Any, Iterator
 
@@ -38,6 +39,8 @@ EMULATOR_HOST = "BIGQUERY_STORAGE_EMULATOR_HOST"
 _WHERE = "?where="
 _STREAMS = 4  # streams one input pipeline reads at once (BigQuery may give fewer: small tables get one)
 _QUEUED_BATCHES = 8  # record batches read ahead per pipeline, across its streams
+_EMULATOR_CONNECT_SECS = 10
+_REPLAY_BYTES = 256 << 20  # a table's rows up to this size are read once per training run and replayed each pass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +85,7 @@ def _billing_project(table: Table) -> str:
 
 
 _CLIENTS: dict[str | None, Any] = {}  # emulator host (None: BigQuery) -> this process's client
+_environ = None  # the run's environment (`BigQueryFormat.configure`); os.environ for tools that give none
 
 
 def _client(emulator_host: str | None):
@@ -95,6 +99,13 @@ def _client(emulator_host: str | None):
       from google.cloud.bigquery_storage_v1.services.big_query_read.transports import grpc as transports  # pylint: disable=g-import-not-at-top
 
       channel = grpc.insecure_channel(emulator_host, options=[("grpc.max_receive_message_length", -1)])
+      try:  # an emulator that is not there fails now, not after the client's retries (600 s)
+        grpc.channel_ready_future(channel).result(timeout=_EMULATOR_CONNECT_SECS)
+      except grpc.FutureTimeoutError:
+        channel.close()
+        raise UserError(f"{EMULATOR_HOST}={emulator_host}: no BigQuery Storage Read API answers there within "
+                        f"{_EMULATOR_CONNECT_SECS} s; start one (python -m scripts.bigquery_emulator --table ...) "
+                        "and export the line it prints, or unset the variable to read BigQuery itself") from None
       _CLIENTS[emulator_host] = bigquery_storage_v1.BigQueryReadClient(
           transport=transports.BigQueryReadGrpcTransport(channel=channel))
     else:
@@ -120,8 +131,18 @@ def client(*, flag: str):
                     "and pass the files") from None
   import google.auth.exceptions  # pylint: disable=g-import-not-at-top
 
+  given = _environ.get(EMULATOR_HOST, "") if _environ is not None else os.environ.get(EMULATOR_HOST, "")
+  emulator_host = given.strip() or None
+  if emulator_host:
+    # host:port, as the emulator prints it; a URL's http:// (STORAGE_EMULATOR_HOST's form) is taken off, as gRPC
+    # reads "http" as a host name.
+    emulator_host = emulator_host.removeprefix("http://").rstrip("/")
+    host, _, port = emulator_host.rpartition(":")
+    if not host or not port.isdigit() or "/" in emulator_host:
+      raise UserError(f"{EMULATOR_HOST}={given!r}: expected HOST:PORT (e.g. 127.0.0.1:9060), "
+                      "as python -m scripts.bigquery_emulator prints it")
   try:
-    return _client(os.environ.get(EMULATOR_HOST) or None)
+    return _client(emulator_host)
   except google.auth.exceptions.DefaultCredentialsError as e:
     raise UserError(f"{flag}: no Google credentials to read BigQuery with ({first_line(e)}); on Vertex the job's "
                     "service account is used; locally run gcloud auth application-default login, or set "
@@ -238,6 +259,10 @@ class BigQueryFormat(base.DataFormat):
   unit = "table"
   converts_to_examples = True
 
+  def configure(self, environ) -> None:
+    global _environ  # pylint: disable=global-statement  (one run per process; tests run several, each configures)
+    _environ = dict(environ)
+
   def claims_listing(self, files: list[str]) -> bool:
     return bool(files) and all(is_table(uri) for uri in files)
 
@@ -305,15 +330,37 @@ class BigQueryFormat(base.DataFormat):
     ordered = plan.shard_records or plan.deterministic
     columns = list(schema.columns)
 
+    def one_pass():
+      for uri in mine:
+        table = parse(uri, flag=plan.flag)
+        for batch in _session_batches(table, columns, streams=1 if ordered else _STREAMS, ordered=ordered,
+                                      flag=plan.flag):
+          yield uri, batch
+
     def record_batches():
+      """Every pass reads the tables again, unless the first pass's rows fit `_REPLAY_BYTES`: then later passes
+      replay them from memory (each read session costs BigQuery a round trip of its own, which a small table's
+      many passes would otherwise pay every epoch), the batches reshuffled each pass where the plan shuffles."""
+      kept, kept_bytes = [], 0
+      for uri, batch in one_pass():
+        if kept is not None:
+          kept_bytes += batch.nbytes
+          if kept_bytes <= _REPLAY_BYTES:
+            kept.append((uri, batch))
+          else:
+            kept = None
+        yield uri, batch
+      if not plan.repeat:
+        return
+      rng = random.Random(plan.seed)
       while True:
-        for uri in mine:
-          table = parse(uri, flag=plan.flag)
-          for batch in _session_batches(table, columns, streams=1 if ordered else _STREAMS, ordered=ordered,
-                                        flag=plan.flag):
-            yield uri, batch
-        if not plan.repeat:
-          return
+        if kept is None:
+          yield from one_pass()
+          continue
+        order = list(kept)
+        if plan.shuffle and not plan.shard_records:
+          rng.shuffle(order)
+        yield from order
 
     def generate():
       yield from parquet.rebatched(record_batches(), schema, batch_size=chunk, keep_every=keep_every,
