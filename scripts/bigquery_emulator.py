@@ -62,7 +62,9 @@ class BigQueryReadEmulator:
     }
     # A ReadRows call holds a server thread until its client reads it to the end or cancels it, and input pipelines
     # leave streams open that no one reads any more (BigQuery expires them); so many threads, not a handful.
-    self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=_SERVER_THREADS))
+    # No SO_REUSEPORT: a port another server holds is refused, not shared (which would answer half the requests).
+    self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=_SERVER_THREADS),
+                               options=[("grpc.so_reuseport", 0)])
     self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, handlers),))
     self.port = self._server.add_insecure_port(f"127.0.0.1:{port}")
     self._server.start()
@@ -197,12 +199,20 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(argv)
   tables = {}
   for table_id, path in args.table:
+    if table_id in tables:
+      print(f"error: --table={table_id}=...: that table is named twice; give each table one file", file=sys.stderr)
+      return 2
     try:
       tables[table_id] = read_table(path)
     except (OSError, ValueError) as e:  # pyarrow's errors are both
       print(f"error: --table={table_id}={path}: {str(e).splitlines()[0]}", file=sys.stderr)
       return 2
-  emulator = BigQueryReadEmulator(tables, port=args.port, request_log=args.request_log)
+  try:
+    emulator = BigQueryReadEmulator(tables, port=args.port, request_log=args.request_log)
+  except RuntimeError as e:  # gRPC: "Failed to bind to address"
+    print(f"error: --port={args.port}: cannot listen there ({str(e).splitlines()[0]}); pick a free port, or 0",
+          file=sys.stderr)
+    return 2
   for table_id, table in tables.items():
     print(f"# bq://{table_id}: {table.num_rows} rows, columns {', '.join(table.column_names)}", file=sys.stderr)
   print(f"export {EMULATOR_HOST}={emulator.host}", flush=True)

@@ -134,18 +134,17 @@ def test_a_vertex_managed_dataset_in_bigquery_on_two_replicas(bigquery, tmp_path
 
 
 def test_one_table_split_by_row_filters_under_fit_with_epochs(bigquery, tmp_path, capsys):
-  """The schema written by `python -m trainer.schema_inference` from the table (which leaves the note out: an id),
-  then edited as a user would: the split column left out. The sessions read only the schema's columns, filtered
-  by BigQuery."""
+  """The schema written by `python -m trainer.schema_inference` from the filtered table: the split column, constant
+  under the filter, and the note, an id, are left out. The sessions read only the schema's columns, filtered by
+  BigQuery."""
   from trainer import schema_inference  # pylint: disable=g-import-not-at-top
 
   train = "bq://proj.cancer.all?where=split = 'TRAIN'"
   schema_path = tmp_path / "schema.json"
   assert schema_inference.main([f"--data={train}", "--label=diagnosis", f"--output={schema_path}"]) == 0
   schema = json.loads(schema_path.read_text())
-  assert "split" in {f["name"] for f in schema["features"]} and "note" not in {f["name"] for f in schema["features"]}
-  schema["features"] = [f for f in schema["features"] if f["name"] != "split"]
-  schema_path.write_text(json.dumps(schema))
+  assert not {"split", "note"} & {f["name"] for f in schema["features"]}
+  assert "'split' left out: it is constant in the sample ('TRAIN')" in capsys.readouterr().err
   capsys.readouterr()
   since = len(_requests(bigquery))
   out = tmp_path / "out"
@@ -239,3 +238,18 @@ def test_the_emulator_variable_as_users_write_it(bigquery, tmp_path, monkeypatch
     assert result.returncode == 2 and len(errors) == 1, result.stderr[-3000:]
     assert errors[0].startswith(f"error: {bigquery_emulator.EMULATOR_HOST}=") and re.search(expected, errors[0])
     assert not out.exists()
+
+
+@pytest.mark.quick
+def test_the_emulator_refuses_a_taken_port_and_a_table_named_twice(tmp_path, capsys):
+  (tmp_path / "t.csv").write_text("x,y\n1,a\n")
+  table = f"--table=p.d.t={tmp_path / 't.csv'}"
+  holder = bigquery_emulator.BigQueryReadEmulator({})
+  try:
+    assert bigquery_emulator.main([table, f"--port={holder.port}"]) == 2
+  finally:
+    holder.stop()
+  assert re.fullmatch(rf"(# .*\n)?error: --port={holder.port}: cannot listen there \(.*\); pick a free port, or 0\n",
+                      capsys.readouterr().err)
+  assert bigquery_emulator.main([table, table]) == 2
+  assert capsys.readouterr().err == "error: --table=p.d.t=...: that table is named twice; give each table one file\n"

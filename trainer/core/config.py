@@ -69,10 +69,11 @@ class DataConfig:
   """The data: where each split is, its format and schema, and how it is read. Fields that are `option`s are
   command-line flags too (their help is `--help`'s); the rest are resolved from flags and the environment."""
 
-  train_pattern: str = option(None, "Training file pattern (local, gs:// or /gcs/). Default: $AIP_TRAINING_DATA_URI.",
+  train_pattern: str = option(None, "Training file pattern (local, gs:// or /gcs/), or a BigQuery table "
+                              "(bq://PROJECT.DATASET.TABLE[?where=FILTER]). Default: $AIP_TRAINING_DATA_URI.",
                               flag="train_data")
-  eval_pattern: str | None = option(None, "Evaluation file pattern. Default: $AIP_VALIDATION_DATA_URI; none skips "
-                                    "evaluation.", flag="eval_data")
+  eval_pattern: str | None = option(None, "Evaluation file pattern or bq:// table. Default: $AIP_VALIDATION_DATA_URI; "
+                                    "none skips evaluation.", flag="eval_data")
   # --schema, or schema.json beside the training files (which may not exist: then inferred)
   schema_path: str = option(None, "Feature schema: schema.json, or a TFX/TFDV schema.pbtxt (with --label). Default: "
                             "schema.json beside the training files, else one inferred from the data (needs --label).",

@@ -496,6 +496,11 @@ def _categorical_feature(column: _Column, config: InferenceConfig, *, log, warn)
   named_texts = sum(n for value, n in counts.items() if value.lower().endswith(".txt"))
   if named_texts >= _NUMERIC_SHARE * column.present:
     return _text_uri_feature(column, config, log=log)
+  if distinct == 1 and not column.missing:
+    # As a constant number is: one value everywhere teaches nothing, and a column a row filter fixes (a table's
+    # split = 'TRAIN') would make every other split's value out of vocabulary.
+    log(f"schema inference: {name!r} left out: it is constant in the sample ({next(iter(counts))!r})")
+    return None
   mostly_unique = distinct > 100 and distinct > 0.5 * column.present
   if mostly_unique or distinct > _MAX_CATEGORIES_OF_WORDS:
     words = {value: len(feature_kinds.text_tokens(value)) for value in counts}
