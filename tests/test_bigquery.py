@@ -18,15 +18,14 @@ import numpy as np
 import pytest
 
 import procs
-import serving_checks
 import test_data
+import test_parquet
 from scripts import bigquery_emulator
 from trainer.core.errors import UserError
 from trainer.data import formats
 from trainer.data import input_pipeline
 from trainer.data import schema as schema_lib
 
-MARGIN = 0.04  # under the baseline's accuracy, as test_parquet's
 NULL_ROW = 420  # a null label past --preflight_records=300
 
 
@@ -98,18 +97,6 @@ def _sessions(requests: list[dict]) -> list[dict]:
   return [r["request"] for r in requests if r["method"] == "CreateReadSession"]
 
 
-def _assert_trained_and_serves(model_dir, bigquery) -> dict:
-  with open(os.path.join(model_dir, "eval_metrics.json")) as f:
-    metrics = json.load(f)
-  assert metrics["eval_examples"] == len(bigquery["eval"])
-  assert metrics["eval_accuracy"] >= bigquery["baseline"] - MARGIN, (metrics, bigquery["baseline"])
-  rows = bigquery["eval"].iloc[:50]
-  instances = [{schema_lib.safe_name(k): float(row[k]) for k in bigquery["features"]} for _, row in rows.iterrows()]
-  predictions = serving_checks.serve_instances(str(model_dir), instances)
-  assert np.mean([p["class_name"] == y for p, y in zip(predictions, rows["diagnosis"])]) >= bigquery["baseline"] - 0.1
-  return metrics
-
-
 def test_a_vertex_managed_dataset_in_bigquery_on_two_replicas(bigquery, tmp_path):
   since = len(_requests(bigquery))
   out = tmp_path / "out"
@@ -120,7 +107,7 @@ def test_a_vertex_managed_dataset_in_bigquery_on_two_replicas(bigquery, tmp_path
            "AIP_VALIDATION_DATA_URI": "bq://proj.cancer.eval"})
   assert result.returncode == 0, result.stderr[-3000:]
   assert "--train_data: 1 table(s) of BigQuery table" in result.stderr
-  metrics = _assert_trained_and_serves(out / "model", bigquery)
+  metrics = test_parquet.assert_trained_and_serves(out / "model", bigquery)
   assert metrics["num_replicas"] == 2
   requests = _requests(bigquery)[since:]
   sessions = _sessions(requests)
@@ -152,7 +139,7 @@ def test_one_table_split_by_row_filters_under_fit_with_epochs(bigquery, tmp_path
                                    f"--schema={schema_path}", f"--output_dir={out}", "--loop=fit", "--epochs=20",
                                    "--global_batch_size=32"], env=bigquery["env"])
   assert result.returncode == 0, result.stderr[-3000:]
-  metrics = _assert_trained_and_serves(out / "model", bigquery)
+  metrics = test_parquet.assert_trained_and_serves(out / "model", bigquery)
   assert metrics["final_step"] == 450 * 20 // 32  # the filter's 450 rows counted for --epochs (whole batches)
   sessions = _sessions(_requests(bigquery)[since:])
   filters = [s["read_session"]["read_options"]["row_restriction"] for s in sessions]

@@ -54,7 +54,9 @@ def cancer(tmp_path_factory):
   return {"root": root, "eval": evaluation, "baseline": accuracy, "features": features}
 
 
-def _assert_trained_and_serves(model_dir, cancer) -> None:
+def assert_trained_and_serves(model_dir, cancer) -> dict:
+  """The export's eval metrics reach the baseline on the cancer eval rows, and it serves them alike through TF
+  Serving's loader (test_bigquery's tables hold the same rows); returns the metrics."""
   with open(os.path.join(model_dir, "eval_metrics.json")) as f:
     metrics = json.load(f)
   assert metrics["eval_examples"] == len(cancer["eval"])
@@ -63,6 +65,7 @@ def _assert_trained_and_serves(model_dir, cancer) -> None:
   instances = [{schema_lib.safe_name(k): float(row[k]) for k in cancer["features"]} for _, row in rows.iterrows()]
   predictions = serving_checks.serve_instances(str(model_dir), instances)
   assert np.mean([p["class_name"] == y for p, y in zip(predictions, rows["diagnosis"])]) >= cancer["baseline"] - 0.1
+  return metrics
 
 
 def test_a_spark_export_folder_on_the_bucket(cancer, gcs, tmp_path):
@@ -76,7 +79,7 @@ def test_a_spark_export_folder_on_the_bucket(cancer, gcs, tmp_path):
   assert "--train_data: 3 file(s) of Parquet" in result.stderr  # _SUCCESS and the .crc files are not data
   local = tmp_path / "model"
   serving_dir = serving_checks.copy_tree(f"{out}/model", local)
-  _assert_trained_and_serves(serving_dir, cancer)
+  assert_trained_and_serves(serving_dir, cancer)
 
 
 def test_parquet_on_two_replicas_with_a_test_split(cancer, tmp_path):
@@ -95,7 +98,7 @@ def test_parquet_on_two_replicas_with_a_test_split(cancer, tmp_path):
   # The test split (here the eval file again) is one exact pass across the replicas, like evaluation.
   assert metrics["num_replicas"] == 2 and metrics["test_examples"] == len(cancer["eval"])
   assert metrics["test_accuracy"] == pytest.approx(metrics["eval_accuracy"])
-  _assert_trained_and_serves(out / "model", cancer)
+  assert_trained_and_serves(out / "model", cancer)
 
 
 def _errors(result) -> list[str]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import importlib
 import os
 import queue
 import random
@@ -123,8 +124,8 @@ def _close_clients() -> None:
 def client(*, flag: str):
   """The process's read client (one per emulator setting), or one line saying what to install or configure."""
   try:
-    import google.cloud.bigquery_storage_v1  # pylint: disable=g-import-not-at-top,unused-import
-    parquet._pyarrow(flag)  # pylint: disable=protected-access  (the same pyarrow, the same message)
+    for package in ("google.cloud.bigquery_storage_v1", "pyarrow"):  # either missing: this message, not Parquet's
+      importlib.import_module(package)
   except ImportError:
     raise UserError(f"{flag}: reading BigQuery needs google-cloud-bigquery-storage and pyarrow: pip install "
                     "'vertex-tf-trainer[bigquery]' into the image, or export the table to gs:// (Parquet or CSV) "
